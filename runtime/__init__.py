@@ -1,0 +1,44 @@
+"""taskq: a PostgreSQL-backed job queue and multiprocess worker runtime.
+
+Importing taskq opens no connection, starts no thread and forks nothing.
+"""
+
+from __future__ import annotations
+
+from taskq.actors.declaration import Actor, ActorRegistry, RetryPolicy, actor
+from taskq.client import JobHandle, JobsClient
+from taskq.context import JobContext
+from taskq.exceptions import JobFailed, NonRetryableError, TaskqError
+from taskq.models import (
+    BulkCancelResult,
+    CancelOrigin,
+    CancelPhase,
+    CancelResult,
+    JobFilter,
+    JobRow,
+    JobStatus,
+)
+from taskq.settings import WorkerSettings
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Actor",
+    "ActorRegistry",
+    "BulkCancelResult",
+    "CancelOrigin",
+    "CancelPhase",
+    "CancelResult",
+    "JobContext",
+    "JobFailed",
+    "JobFilter",
+    "JobHandle",
+    "JobRow",
+    "JobStatus",
+    "JobsClient",
+    "NonRetryableError",
+    "RetryPolicy",
+    "TaskqError",
+    "WorkerSettings",
+    "actor",
+]

@@ -1,0 +1,128 @@
+"""JobContext: what an actor sees of its job, its cancellation and its worker."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from uuid import UUID
+
+from taskq.models import CancelOrigin
+
+if TYPE_CHECKING:
+    from taskq.actors.declaration import Actor
+    from taskq.client import JobHandle
+
+__all__ = ["CancelOrigin", "ContextRuntime", "JobContext"]
+
+P = TypeVar("P")
+
+
+class ContextRuntime(Protocol):
+    """What the worker provides behind a JobContext (persistence of progress, child enqueues)."""
+
+    async def save_progress(self, ctx: JobContext[Any], data: Any, message: str | None) -> None: ...
+
+    async def enqueue_child(
+        self, ctx: JobContext[Any], target: Actor[Any, Any] | str, payload: Any, options: dict[str, Any]
+    ) -> JobHandle[Any]: ...
+
+
+class ChildJobs:
+    """`ctx.jobs`: enqueue jobs whose parent_id is this job. Their handles have no client (spec §2)."""
+
+    def __init__(self, ctx: JobContext[Any]) -> None:
+        self._ctx = ctx
+
+    async def enqueue(
+        self,
+        target: Actor[Any, Any] | str,
+        payload: Any,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        tags: Iterable[str] = (),
+        scheduled_at: datetime | timedelta | None = None,
+        max_attempts: int | None = None,
+        schedule_to_close: float | timedelta | None = None,
+    ) -> JobHandle[Any]:
+        options = {
+            "queue": queue, "priority": priority, "tags": tuple(tags), "scheduled_at": scheduled_at,
+            "max_attempts": max_attempts, "schedule_to_close": schedule_to_close,
+        }
+        return await self._ctx._runtime.enqueue_child(self._ctx, target, payload, options)
+
+    def enqueue_sync(self, target: Actor[Any, Any] | str, payload: Any, **options: Any) -> JobHandle[Any]:
+        """From a thread actor: marshalled onto the worker's event loop and awaited."""
+        return self._ctx._call_on_loop(self.enqueue(target, payload, **options))
+
+
+class JobContext(Generic[P]):
+    """Passed to an actor as its second argument.
+
+    `cancellation_requested` is a cheap, non-blocking check; `cancel_event` can be awaited;
+    `cancel_origin` tells an operator's cancel (the job ends) from a shutdown (it is released and
+    re-run). `progress()` persists a checkpoint that the next attempt reads back as `last_progress`.
+    """
+
+    def __init__(
+        self,
+        *,
+        job_id: UUID,
+        attempt: int,
+        claim_epoch: int,
+        payload: P,
+        actor_name: str,
+        last_progress: Any,
+        runtime: ContextRuntime,
+        loop: asyncio.AbstractEventLoop,
+        logger: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None,
+    ) -> None:
+        self.job_id = job_id
+        self.attempt = attempt
+        self.claim_epoch = claim_epoch
+        self.payload = payload
+        self.actor_name = actor_name
+        self.last_progress = last_progress
+        self.cancel_event = asyncio.Event()
+        self.cancel_origin: CancelOrigin | None = None
+        self._runtime = runtime
+        self._loop = loop
+        # set together with cancel_event; readable from an actor thread without touching the loop
+        self._cancel_flag = threading.Event()
+        base = logging.getLogger("taskq.job")
+        self.logger = logger or logging.LoggerAdapter(base, {"job_id": str(job_id), "attempt": attempt})
+        self.jobs = ChildJobs(self)
+
+    @property
+    def cancellation_requested(self) -> bool:
+        return self._cancel_flag.is_set()
+
+    def request_cancel(self, origin: CancelOrigin) -> None:
+        """Called by the worker on its loop: record why first, then signal. The first origin sticks,
+        except that an operator's request always wins over an infrastructure one."""
+        if self.cancel_origin is None or origin is CancelOrigin.OPERATOR:
+            self.cancel_origin = origin
+        self._cancel_flag.set()
+        self.cancel_event.set()
+
+    async def progress(self, data: Any = None, *, message: str | None = None) -> None:
+        """Persist a progress checkpoint (JSON-able `data` and/or a message) on the job row."""
+        await self._runtime.save_progress(self, data, message)
+
+    def progress_sync(self, data: Any = None, *, message: str | None = None) -> None:
+        """`progress()` for thread actors: marshalled onto the worker's event loop and awaited."""
+        self._call_on_loop(self.progress(data, message=message))
+
+    def _call_on_loop(self, coro: Any) -> Any:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            coro.close()
+            raise RuntimeError("use the async form (await ctx.progress / ctx.jobs.enqueue) on the event loop")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()

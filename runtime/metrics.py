@@ -1,0 +1,35 @@
+"""Prometheus metrics. In the supervisor's multiprocess mode these are aggregated across workers."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+CANCELLATION_REQUESTED = Counter(
+    "taskq_cancellation_requested", "JobsClient.cancel() calls, exactly one per call, whatever the outcome"
+)
+CANCELLATION_PHASE_TRANSITIONS = Counter(
+    "taskq_cancellation_phase_transitions",
+    "Cancellation ladder transitions in the worker",
+    ["from_phase", "to_phase"],
+)
+JOBS_CLAIMED = Counter("taskq_jobs_claimed", "Jobs claimed by this worker", ["queue"])
+JOBS_COMPLETED = Counter("taskq_jobs_completed", "Jobs finished by this worker, by outcome", ["status"])
+JOB_DURATION = Histogram(
+    "taskq_job_duration_seconds",
+    "Actor run time per attempt",
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60, 300, 1800),
+)
+JOBS_IN_FLIGHT = Gauge("taskq_jobs_in_flight", "Jobs held by this worker", multiprocess_mode="livesum")
+STALE_WRITES = Counter("taskq_stale_writes", "Fenced writes that changed nothing (a newer attempt owns the row)")
+HEARTBEAT_TICK = Histogram(
+    "taskq_heartbeat_tick_duration_seconds",
+    "Duration of one heartbeat transaction",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+HEARTBEAT_FAILURES = Gauge(
+    "taskq_heartbeat_consecutive_failures", "Heartbeat ticks failed in a row", multiprocess_mode="max"
+)
+JOBS_SWEPT = Counter("taskq_jobs_swept", "Expired leases reclaimed by the sweeper, by verdict", ["verdict"])
+LEAKED_THREADS = Gauge("taskq_leaked_threads", "Actor threads that never left after a forced cancel",
+                       multiprocess_mode="livesum")
+WORKER_RESTARTS = Counter("taskq_worker_restarts", "Workers replaced by the supervisor")

@@ -1,0 +1,211 @@
+"""Value types shared by the client, the worker and the CLI. Imports nothing heavy."""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Annotated, Any
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+
+class JobStatus(enum.StrEnum):
+    PENDING = "pending"
+    SCHEDULED = "scheduled"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    CRASHED = "crashed"
+    ABANDONED = "abandoned"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+TERMINAL_STATUSES: frozenset[JobStatus] = frozenset(
+    {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.CRASHED, JobStatus.ABANDONED}
+)
+UNFINISHED_STATUSES: frozenset[JobStatus] = frozenset(set(JobStatus) - TERMINAL_STATUSES)
+# statuses for which JobHandle.wait() raises JobFailed
+FAILURE_STATUSES: frozenset[JobStatus] = TERMINAL_STATUSES - {JobStatus.SUCCEEDED}
+
+
+class CancelPhase(enum.IntEnum):
+    """Where a running job is on the cancellation ladder (spec §3). ABANDON_PENDING is never persisted."""
+
+    NONE = 0
+    COOPERATIVE = 1
+    FORCED = 2
+    ABANDON_PENDING = 3
+
+
+class CancelOrigin(enum.StrEnum):
+    """Why a job's cancel_event was set: an operator's request, or infrastructure (spec §4)."""
+
+    OPERATOR = "operator"
+    SHUTDOWN = "shutdown"
+    TIMEOUT = "timeout"
+    LEASE_LOST = "lease_lost"
+
+
+class CancelMarker(enum.StrEnum):
+    """error_class values stamped by the cancel paths (spec §8)."""
+
+    COOPERATIVE = "CancelledCooperatively"
+    FORCED = "CancelledForced"
+    ABANDONED = "CancelAbandoned"
+    BEFORE_START = "CancelledBeforeStart"
+
+
+_frozen = ConfigDict(frozen=True, extra="forbid")
+
+
+class JobRow(BaseModel):
+    """One row of taskq.jobs, as read. `result` is the stored JSON; decode it with the actor's type."""
+
+    model_config = _frozen
+
+    id: UUID
+    actor: str
+    queue: str
+    payload: Any
+    result: Any = None
+    status: JobStatus
+    priority: int
+    tags: tuple[str, ...]
+    attempt: int
+    max_attempts: int
+    claim_epoch: int
+    interrupt_count: int
+    scheduled_at: datetime
+    schedule_to_close: datetime | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    worker_id: str | None
+    lock_expires_at: datetime | None
+    cancel_phase: int
+    cancel_requested_at: datetime | None
+    cancel_reason: str | None
+    error_class: str | None
+    error_message: str | None
+    progress: Any = None
+    parent_id: UUID | None
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status.is_terminal
+
+
+class JobEvent(BaseModel):
+    model_config = _frozen
+
+    id: int
+    job_id: UUID
+    at: datetime
+    kind: str
+    from_status: str | None
+    to_status: str | None
+    attempt: int | None
+    worker_id: str | None
+    detail: dict[str, Any]
+
+
+class JobAttempt(BaseModel):
+    model_config = _frozen
+
+    job_id: UUID
+    attempt: int
+    claim_epoch: int
+    worker_id: str
+    started_at: datetime
+    finished_at: datetime | None
+    outcome: str | None
+    error_class: str | None
+    error_message: str | None
+
+
+class CancelResult(BaseModel):
+    """What `JobsClient.cancel()` did (spec §7)."""
+
+    model_config = _frozen
+
+    job_id: UUID
+    previous_status: JobStatus
+    new_status: JobStatus
+    cancellation_initiated: bool
+
+
+class BulkCancelResult(BaseModel):
+    """What `JobsClient.cancel_where()` did: counts by the status each job had, and the ids it touched."""
+
+    model_config = _frozen
+
+    by_previous_status: dict[JobStatus, int]
+    job_ids: tuple[UUID, ...]
+    batches: int
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_previous_status.values())
+
+    @property
+    def cancelled_before_start(self) -> int:
+        """Pending and scheduled jobs moved straight to cancelled."""
+        return self.by_previous_status.get(JobStatus.PENDING, 0) + self.by_previous_status.get(
+            JobStatus.SCHEDULED, 0
+        )
+
+    @property
+    def running_requested(self) -> int:
+        """Running jobs that now carry a cooperative cancel request (cancel_phase 1)."""
+        return self.by_previous_status.get(JobStatus.RUNNING, 0)
+
+
+NonEmptyStr = Annotated[str, StringConstraints(min_length=1, max_length=255)]
+
+
+class JobFilter(BaseModel):
+    """Selects jobs: every given criterion must hold. `tags` means all of them; `unfinished` limits to
+    pending, scheduled and running. An empty filter matches everything, so bulk cancels refuse it."""
+
+    model_config = _frozen
+
+    ids: tuple[UUID, ...] | None = None
+    actors: tuple[NonEmptyStr, ...] | None = None
+    queues: tuple[NonEmptyStr, ...] | None = None
+    statuses: tuple[JobStatus, ...] | None = None
+    tags: tuple[NonEmptyStr, ...] | None = None
+    unfinished: bool = False
+    created_before: datetime | None = None
+    created_after: datetime | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> JobFilter:
+        for name in ("ids", "actors", "queues", "statuses", "tags"):
+            value = getattr(self, name)
+            if value is not None and len(value) == 0:
+                raise ValueError(f"{name} must not be an empty list (leave it out to match any)")
+        for name in ("created_before", "created_after"):
+            value = getattr(self, name)
+            if value is not None and value.tzinfo is None:
+                raise ValueError(f"{name} must be timezone-aware")
+        if self.created_before and self.created_after and self.created_after >= self.created_before:
+            raise ValueError("created_after must be earlier than created_before")
+        if self.unfinished and self.statuses and not (set(self.statuses) & UNFINISHED_STATUSES):
+            raise ValueError("unfinished=True with only terminal statuses matches nothing")
+        return self
+
+    @property
+    def is_empty(self) -> bool:
+        return self == JobFilter()
+
+    def status_list(self) -> list[str] | None:
+        """The statuses to match, after applying `unfinished`; None means any."""
+        wanted: set[JobStatus] | None = set(self.statuses) if self.statuses else None
+        if self.unfinished:
+            wanted = (wanted or set(JobStatus)) & UNFINISHED_STATUSES
+        return sorted(wanted) if wanted is not None else None

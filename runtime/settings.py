@@ -1,0 +1,94 @@
+"""`WorkerSettings`: every field reads env `TASKQ_<FIELD>` and has a CLI flag `--<field-with-dashes>`."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from typing import Annotated, Any
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+def _default_max_children() -> int:
+    return max(1, os.cpu_count() or 1)
+
+
+class WorkerSettings(BaseSettings):
+    """Configuration of one worker process (and of the supervisor that forks them). Seconds are floats."""
+
+    model_config = SettingsConfigDict(env_prefix="TASKQ_", extra="forbid", validate_default=True)
+
+    dsn: SecretStr | None = None
+    """PostgreSQL DSN; None uses the embedded server."""
+    listen_dsn: SecretStr | None = None
+    """DSN for the LISTEN connection when `dsn` goes through a transaction pooler; default: `dsn`."""
+    queues: Annotated[list[str], NoDecode] = ["default"]
+    concurrency: Annotated[int, Field(ge=1, le=100_000)] = 10
+    heartbeat_interval: Seconds = 10.0
+    lock_timeout: Seconds = 60.0
+    cancellation_grace_period: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 30.0
+    cleanup_grace_period: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 10.0
+    shutdown_timeout: Seconds | None = None
+    """Watchdog budget from the first shutdown trigger; default grace + cleanup + 10 s."""
+    poll_interval: Seconds = 1.0
+    sweep_interval: Seconds = 10.0
+    claim_batch_size: Annotated[int, Field(ge=1, le=10_000)] = 100
+    max_threads: Annotated[int, Field(ge=1, le=10_000)] = 16
+    max_children: Annotated[int, Field(ge=1, le=1_000)] = Field(default_factory=_default_max_children)
+    max_leaked_threads: Annotated[int, Field(ge=0)] = 0
+    max_tasks_per_child: Annotated[int, Field(ge=0)] = 0
+    """Recycle a child process after this many jobs; 0 = never."""
+    max_memory_per_child: Annotated[int, Field(ge=0)] = 0
+    """Recycle a child process whose RSS exceeds this many bytes after a job; 0 = never."""
+    hook_timeout: Seconds = 3.0
+    worker_timeout: Seconds = 30.0
+    metrics_port: Annotated[int, Field(ge=0, le=65535)] = 9464
+    metrics_host: str = "127.0.0.1"
+    worker_id: str | None = None
+    """Default: `<host>:<pid>:<random>`, fixed at startup."""
+
+    @field_validator("queues", mode="before")
+    @classmethod
+    def _split_queues(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [q.strip() for q in value.split(",")]
+        return value
+
+    @field_validator("queues")
+    @classmethod
+    def _check_queues(cls, value: list[str]) -> list[str]:
+        if not value or any(not q or len(q) > 255 for q in value):
+            raise ValueError("queues must be a non-empty list of non-empty names (at most 255 chars)")
+        return value
+
+    @model_validator(mode="after")
+    def _check_windows(self) -> WorkerSettings:
+        if self.lock_timeout <= self.heartbeat_interval:
+            raise ValueError(
+                f"lock_timeout ({self.lock_timeout}) must be longer than heartbeat_interval "
+                f"({self.heartbeat_interval}), or every lease expires between two renewals"
+            )
+        if self.shutdown_timeout is None:
+            self.shutdown_timeout = self.cancellation_grace_period + self.cleanup_grace_period + 10.0
+        assert math.isfinite(self.shutdown_timeout)
+        return self
+
+    @property
+    def effective_shutdown_timeout(self) -> float:
+        assert self.shutdown_timeout is not None
+        return self.shutdown_timeout
+
+    def dsn_value(self) -> str | None:
+        return self.dsn.get_secret_value() if self.dsn is not None else None
+
+    def listen_dsn_value(self) -> str | None:
+        return self.listen_dsn.get_secret_value() if self.listen_dsn is not None else self.dsn_value()
+
+    def resolved_worker_id(self) -> str:
+        if self.worker_id is None:
+            self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+        return self.worker_id

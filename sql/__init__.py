@@ -1,0 +1,75 @@
+"""SQL files shipped with taskq: numbered migrations and named query blocks.
+
+A query file holds blocks introduced by `-- name: <query_name>`; each block runs to the next marker.
+Everything is parsed once, on first use, with importlib.resources.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from dataclasses import dataclass
+from importlib import resources
+from typing import LiteralString, cast
+
+_MIGRATION_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+_NAME_MARKER = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: LiteralString
+    checksum: str
+
+
+@functools.cache
+def migrations() -> tuple[Migration, ...]:
+    found: list[Migration] = []
+    for entry in resources.files(__name__).iterdir():
+        match = _MIGRATION_FILE.match(entry.name)
+        if match is None:
+            continue
+        text = entry.read_text(encoding="utf-8")
+        found.append(
+            Migration(
+                version=int(match.group(1)),
+                name=match.group(2),
+                sql=cast(LiteralString, text),
+                checksum=hashlib.sha256(text.encode()).hexdigest(),
+            )
+        )
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise RuntimeError(f"taskq migrations must be numbered 1..n without gaps, found {versions}")
+    return tuple(found)
+
+
+def latest_version() -> int:
+    return migrations()[-1].version
+
+
+@functools.cache
+def queries() -> dict[str, LiteralString]:
+    named: dict[str, LiteralString] = {}
+    for entry in resources.files(__name__).iterdir():
+        if not entry.name.endswith(".sql") or _MIGRATION_FILE.match(entry.name):
+            continue
+        text = entry.read_text(encoding="utf-8")
+        parts = _NAME_MARKER.split(text)
+        # parts = [preamble, name1, body1, name2, body2, ...]
+        for name, body in zip(parts[1::2], parts[2::2], strict=True):
+            if name in named:
+                raise RuntimeError(f"query {name!r} is defined twice in taskq.sql")
+            named[name] = cast(LiteralString, body.strip())
+    return named
+
+
+def query(name: str) -> LiteralString:
+    try:
+        return queries()[name]
+    except KeyError:
+        raise KeyError(f"no query named {name!r} in taskq.sql") from None

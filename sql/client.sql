@@ -1,0 +1,158 @@
+-- Queries used by JobsClient, the CLI and the migration runner. Parameters are psycopg %(name)s.
+
+-- name: migrations_bootstrap
+CREATE SCHEMA IF NOT EXISTS taskq;
+CREATE TABLE IF NOT EXISTS taskq.schema_migrations (
+    version    integer     PRIMARY KEY,
+    name       text        NOT NULL,
+    checksum   text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: migrations_lock
+SELECT pg_advisory_xact_lock(%(key)s);
+
+-- name: migrations_applied
+SELECT version, name, checksum FROM taskq.schema_migrations ORDER BY version;
+
+-- name: migrations_record
+INSERT INTO taskq.schema_migrations (version, name, checksum) VALUES (%(version)s, %(name)s, %(checksum)s);
+
+-- name: schema_version
+SELECT coalesce(max(version), 0) AS version FROM taskq.schema_migrations;
+
+-- name: job_insert
+WITH ins AS (
+    INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
+                            scheduled_at, schedule_to_close, parent_id)
+    VALUES (%(id)s, %(actor)s, %(queue)s, %(payload)s::jsonb,
+            CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
+            %(priority)s, %(tags)s::text[], %(max_attempts)s,
+            greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
+            now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s)
+    RETURNING *
+)
+SELECT ins.*, (CASE WHEN ins.status = 'pending' THEN pg_notify('taskq_jobs', ins.queue) END) IS NULL AS _n
+FROM ins;
+
+-- name: job_insert_many
+WITH ins AS (
+    INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
+                            scheduled_at, schedule_to_close, parent_id)
+    SELECT u.id, u.actor, u.queue, u.payload,
+           CASE WHEN u.scheduled_at > now() THEN 'scheduled' ELSE 'pending' END,
+           u.priority, u.tags::text[], u.max_attempts,
+           greatest(coalesce(u.scheduled_at, now()), now()),
+           now() + u.schedule_to_close * interval '1 second', u.parent_id
+    FROM unnest(%(ids)s::uuid[], %(actors)s::text[], %(queues)s::text[], %(payloads)s::jsonb[],
+                %(priorities)s::int[], %(tags)s::text[], %(max_attempts)s::int[],
+                %(scheduled_ats)s::timestamptz[], %(schedule_to_closes)s::float8[], %(parent_ids)s::uuid[])
+         AS u(id, actor, queue, payload, priority, tags, max_attempts, scheduled_at, schedule_to_close, parent_id)
+    RETURNING queue, status
+)
+SELECT count(pg_notify('taskq_jobs', d.queue)) AS notified
+FROM (SELECT DISTINCT queue FROM ins WHERE status = 'pending') AS d;
+
+-- name: job_get
+SELECT * FROM taskq.jobs WHERE id = %(id)s;
+
+-- name: job_status
+SELECT status FROM taskq.jobs WHERE id = %(id)s;
+
+-- name: job_events
+SELECT id, job_id, at, kind, from_status, to_status, attempt, worker_id, detail
+FROM taskq.job_events WHERE job_id = %(id)s ORDER BY id;
+
+-- name: job_attempts
+SELECT job_id, attempt, claim_epoch, worker_id, started_at, finished_at, outcome, error_class, error_message
+FROM taskq.job_attempts WHERE job_id = %(id)s ORDER BY claim_epoch;
+
+-- name: job_list
+SELECT * FROM taskq.jobs
+WHERE (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+  AND (%(actors)s::text[] IS NULL OR actor = ANY(%(actors)s::text[]))
+  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+  AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(tags)s::text[] IS NULL OR tags @> %(tags)s::text[])
+  AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s::timestamptz)
+  AND (%(created_after)s::timestamptz IS NULL OR created_at > %(created_after)s::timestamptz)
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s;
+
+-- name: job_count_by_status
+SELECT status, count(*) AS n FROM taskq.jobs GROUP BY status ORDER BY status;
+
+-- name: job_cancel_request
+-- One statement: lock the row, then either cancel it before start or flag the running attempt.
+WITH target AS (
+    SELECT id, status AS prev FROM taskq.jobs WHERE id = %(id)s FOR UPDATE
+), upd AS (
+    UPDATE taskq.jobs AS j SET
+        status = CASE WHEN t.prev = 'running' THEN j.status ELSE 'cancelled' END,
+        cancel_phase = CASE WHEN t.prev = 'running' THEN greatest(j.cancel_phase, 1) ELSE j.cancel_phase END,
+        cancel_requested_at = now(),
+        cancel_reason = %(reason)s,
+        error_class = CASE WHEN t.prev = 'running' THEN j.error_class ELSE 'CancelledBeforeStart' END,
+        finished_at = CASE WHEN t.prev = 'running' THEN j.finished_at ELSE now() END
+    FROM target AS t
+    WHERE j.id = t.id
+      AND (t.prev IN ('pending', 'scheduled') OR (t.prev = 'running' AND j.cancel_requested_at IS NULL))
+    RETURNING j.id, t.prev, j.status, j.attempt, j.claim_epoch, j.worker_id
+), ev AS (
+    INSERT INTO taskq.job_events (job_id, kind, from_status, to_status, attempt, worker_id, detail)
+    SELECT u.id, CASE WHEN u.status = 'cancelled' THEN 'state_change' ELSE 'cancel_requested' END,
+           u.prev, u.status, u.attempt, u.worker_id,
+           jsonb_build_object('reason', %(reason)s::text, 'origin', 'operator')
+           || CASE WHEN u.status = 'cancelled'
+                   THEN jsonb_build_object('error_class', 'CancelledBeforeStart')
+                   ELSE jsonb_build_object('cancel_phase_to', 1) END
+    FROM upd AS u
+)
+SELECT u.prev, u.status,
+       (CASE WHEN u.status = 'running'
+             THEN pg_notify('taskq_cancel', concat_ws(':', u.id, u.attempt, u.claim_epoch, u.worker_id))
+        END) IS NULL AS _n
+FROM upd AS u;
+
+-- name: job_cancel_where_batch
+-- One bounded batch of a bulk cancel; the caller commits and repeats until it returns no row.
+WITH target AS (
+    SELECT id, status AS prev FROM taskq.jobs
+    WHERE (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+      AND (%(actors)s::text[] IS NULL OR actor = ANY(%(actors)s::text[]))
+      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+      AND (%(tags)s::text[] IS NULL OR tags @> %(tags)s::text[])
+      AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s::timestamptz)
+      AND (%(created_after)s::timestamptz IS NULL OR created_at > %(created_after)s::timestamptz)
+      AND (status IN ('pending', 'scheduled') OR (status = 'running' AND cancel_requested_at IS NULL))
+    ORDER BY id
+    LIMIT %(limit)s
+    FOR UPDATE
+), upd AS (
+    UPDATE taskq.jobs AS j SET
+        status = CASE WHEN t.prev = 'running' THEN j.status ELSE 'cancelled' END,
+        cancel_phase = CASE WHEN t.prev = 'running' THEN greatest(j.cancel_phase, 1) ELSE j.cancel_phase END,
+        cancel_requested_at = now(),
+        cancel_reason = %(reason)s,
+        error_class = CASE WHEN t.prev = 'running' THEN j.error_class ELSE 'CancelledBeforeStart' END,
+        finished_at = CASE WHEN t.prev = 'running' THEN j.finished_at ELSE now() END
+    FROM target AS t
+    WHERE j.id = t.id
+      AND (j.status IN ('pending', 'scheduled') OR (j.status = 'running' AND j.cancel_requested_at IS NULL))
+    RETURNING j.id, t.prev, j.status, j.attempt, j.claim_epoch, j.worker_id
+), ev AS (
+    INSERT INTO taskq.job_events (job_id, kind, from_status, to_status, attempt, worker_id, detail)
+    SELECT u.id, CASE WHEN u.status = 'cancelled' THEN 'state_change' ELSE 'cancel_requested' END,
+           u.prev, u.status, u.attempt, u.worker_id,
+           jsonb_build_object('reason', %(reason)s::text, 'origin', 'operator', 'bulk', true)
+           || CASE WHEN u.status = 'cancelled'
+                   THEN jsonb_build_object('error_class', 'CancelledBeforeStart')
+                   ELSE jsonb_build_object('cancel_phase_to', 1) END
+    FROM upd AS u
+)
+SELECT u.id, u.prev,
+       (CASE WHEN u.status = 'running'
+             THEN pg_notify('taskq_cancel', concat_ws(':', u.id, u.attempt, u.claim_epoch, u.worker_id))
+        END) IS NULL AS _n
+FROM upd AS u;

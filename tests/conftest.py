@@ -1,0 +1,106 @@
+"""Shared fixtures: one real PostgreSQL per test session (embedded unless TASKQ_TEST_DSN is set),
+a migrated template database, and a fresh clone of it for every test that asks for `dsn`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql as pgsql
+from psycopg.conninfo import make_conninfo
+
+from taskq.client import JobsClient
+from taskq.migrations import migrate_dsn
+
+_SESSION_TAG = uuid.uuid4().hex[:8]
+
+
+def _admin_dsn() -> Iterator[str]:
+    explicit = os.environ.get("TASKQ_TEST_DSN")
+    if explicit:
+        yield explicit
+        return
+    from taskq.embedded import embedded_dsn, stop_embedded
+
+    root = Path(tempfile.mkdtemp(prefix="taskq-test-pg-"))
+    os.chmod(root, 0o755)
+    previous = os.environ.get("TASKQ_DATA_DIR")
+    os.environ["TASKQ_DATA_DIR"] = str(root)
+    try:
+        yield embedded_dsn()
+    finally:
+        stop_embedded(root)
+        if previous is None:
+            os.environ.pop("TASKQ_DATA_DIR", None)
+        else:
+            os.environ["TASKQ_DATA_DIR"] = previous
+
+
+@pytest.fixture(scope="session")
+def admin_dsn() -> Iterator[str]:
+    """A DSN with rights to create databases on the test server."""
+    yield from _admin_dsn()
+
+
+def with_dbname(dsn: str, dbname: str) -> str:
+    return make_conninfo(dsn, dbname=dbname)
+
+
+@pytest.fixture(scope="session")
+def template_db(admin_dsn: str) -> Iterator[str]:
+    """A database migrated once per session, cloned for each test."""
+    name = f"taskq_tmpl_{_SESSION_TAG}"
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
+    asyncio.run(migrate_dsn(with_dbname(admin_dsn, name)))
+    yield name
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
+
+
+def _create_db(admin_dsn: str, template: str | None) -> tuple[str, str]:
+    name = f"taskq_t_{uuid.uuid4().hex[:12]}"
+    query = pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name))
+    if template:
+        query = pgsql.SQL("CREATE DATABASE {} TEMPLATE {} STRATEGY FILE_COPY").format(
+            pgsql.Identifier(name), pgsql.Identifier(template)
+        )
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(query)
+    return name, with_dbname(admin_dsn, name)
+
+
+def _drop_db(admin_dsn: str, name: str) -> None:
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
+
+
+@pytest.fixture
+def dsn(admin_dsn: str, template_db: str) -> Iterator[str]:
+    """A fresh, fully migrated database for this test."""
+    name, test_dsn = _create_db(admin_dsn, template_db)
+    yield test_dsn
+    _drop_db(admin_dsn, name)
+
+
+@pytest.fixture
+def empty_dsn(admin_dsn: str) -> Iterator[str]:
+    """A fresh database with no taskq schema at all."""
+    name, test_dsn = _create_db(admin_dsn, None)
+    yield test_dsn
+    _drop_db(admin_dsn, name)
+
+
+@pytest.fixture
+async def client(dsn: str) -> AsyncIterator[JobsClient]:
+    c = await JobsClient.connect(dsn)
+    try:
+        yield c
+    finally:
+        await c.close()
