@@ -1,0 +1,123 @@
+"""`taskq worker APP`: run one worker process in the foreground.
+
+APP is `module:attribute` naming a list of actors, an ActorRegistry, or a single actor. Every
+WorkerSettings field has a flag `--<field-with-dashes>` (and env `TASKQ_<FIELD>`); flags win.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from typing import Any
+
+from pydantic import ValidationError
+
+from taskq.actors.declaration import ActorRegistry, as_registry
+from taskq.exceptions import ActorDefinitionError
+from taskq.settings import WorkerSettings
+from taskq.worker import exitcodes
+
+
+class AppImportError(Exception):
+    """APP is not importable or does not name actors."""
+
+
+def load_app(spec: str) -> ActorRegistry:
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise AppImportError(f"APP must look like 'package.module:attribute', got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise AppImportError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from exc
+    try:
+        value: Any = module
+        for part in attr.split("."):
+            value = getattr(value, part)
+    except AttributeError:
+        raise AppImportError(f"module {module_name!r} has no attribute {attr!r}") from None
+    try:
+        return as_registry(value)
+    except ActorDefinitionError as exc:
+        raise AppImportError(f"{spec}: {exc}") from None
+
+
+def add_settings_flags(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
+    group = parser.add_argument_group("worker settings (each also from env TASKQ_<FIELD>)")
+    for name, field in WorkerSettings.model_fields.items():
+        if name in skip:
+            continue
+        flag = "--" + name.replace("_", "-")
+        group.add_argument(flag, dest=f"setting_{name}", default=None, metavar=name.upper(),
+                           help=(field.description or "").strip() or None)
+
+
+def settings_from_args(args: argparse.Namespace) -> WorkerSettings:
+    values = {
+        key.removeprefix("setting_"): value
+        for key, value in vars(args).items()
+        if key.startswith("setting_") and value is not None
+    }
+    return WorkerSettings(**values)
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "settings"
+    return f"invalid setting {loc}: {first['msg']}"
+
+
+def configure_logging() -> None:
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
+    )
+
+
+def run_worker(app: str, settings: WorkerSettings) -> int:
+    """Import APP and run a worker on uvloop; returns the process exit code."""
+    from taskq.worker.main import worker_main
+
+    registry = load_app(app)
+    return worker_main(settings, registry)
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    parser = parser or argparse.ArgumentParser(prog="taskq worker", description="Run one taskq worker.")
+    parser.add_argument("app", metavar="APP", help="module:attribute naming a list or registry of actors")
+    add_settings_flags(parser)
+    return parser
+
+
+def command(args: argparse.Namespace) -> int:
+    """Run `taskq worker` from parsed arguments; user errors print one line and return an exit code."""
+    from taskq.exceptions import DatabaseUnavailable, EmbeddedUnavailable, SchemaNotReady, SchemaTooNew
+
+    try:
+        settings = settings_from_args(args)
+    except ValidationError as exc:
+        print(f"taskq: error: {describe_validation_error(exc)}", file=sys.stderr)
+        return exitcodes.USAGE
+    configure_logging()
+    try:
+        return run_worker(args.app, settings)
+    except AppImportError as exc:
+        print(f"taskq: error: {exc}", file=sys.stderr)
+        return exitcodes.IMPORT_ERROR
+    except DatabaseUnavailable as exc:
+        print(f"taskq: error: {exc}", file=sys.stderr)
+        return exitcodes.DATABASE_UNAVAILABLE
+    except (SchemaNotReady, SchemaTooNew) as exc:
+        print(f"taskq: error: {exc}", file=sys.stderr)
+        return exitcodes.SCHEMA
+    except EmbeddedUnavailable as exc:
+        print(f"taskq: error: {exc}", file=sys.stderr)
+        return exitcodes.EMBEDDED_UNAVAILABLE
+    except KeyboardInterrupt:
+        return exitcodes.OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    return command(build_parser().parse_args(argv))

@@ -1,0 +1,78 @@
+"""Batches attempt outcomes into one fenced statement per flush (PERFORMANCE.md lesson 1)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from taskq.metrics import STALE_WRITES
+from taskq.worker.store import Finish, WorkerStore
+
+log = logging.getLogger("taskq.worker")
+
+MAX_BATCH = 500
+
+
+class Completer:
+    """Consumers hand their outcome to `finish()`; one loop writes whatever has queued up meanwhile.
+    A write that fails (database down) is retried until `give_up_after` seconds, then reported as
+    not written: the lease then expires and the sweeper decides, never a guess here."""
+
+    def __init__(self, store: WorkerStore, *, give_up_after: float) -> None:
+        self._store = store
+        self._give_up_after = give_up_after
+        self._queue: list[tuple[Finish, asyncio.Future[bool]]] = []
+        self._wake = asyncio.Event()
+        self._closed = False
+
+    async def finish(self, item: Finish) -> bool:
+        """Queue one outcome and wait for its write. True if the fence held (the row changed)."""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._queue.append((item, future))
+        self._wake.set()
+        return await asyncio.shield(future)
+
+    async def run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._queue:
+                batch = self._queue[:MAX_BATCH]
+                del self._queue[:MAX_BATCH]
+                await self._write(batch)
+
+    async def drain(self) -> None:
+        """Write everything queued, from the caller's task (used at exit)."""
+        while self._queue:
+            batch = self._queue[:MAX_BATCH]
+            del self._queue[:MAX_BATCH]
+            await self._write(batch)
+
+    async def _write(self, batch: list[tuple[Finish, asyncio.Future[bool]]]) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._give_up_after
+        delay = 0.05
+        while True:
+            try:
+                written = await self._store.finish_batch([item for item, _ in batch])
+                break
+            except Exception as exc:
+                if loop.time() + delay > deadline:
+                    log.error("giving up writing %d outcomes after %.1fs: %s", len(batch), self._give_up_after, exc)
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    return
+                log.warning("writing %d outcomes failed (%s); retrying in %.2fs", len(batch), exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        for item, future in batch:
+            held = item.job_id in written
+            if not held:
+                STALE_WRITES.inc()
+                log.warning(
+                    "stale write ignored: job %s attempt %d epoch %d (%s) no longer belongs to this attempt",
+                    item.job_id, item.attempt, item.claim_epoch, item.status,
+                )
+            if not future.done():
+                future.set_result(held)

@@ -1,0 +1,314 @@
+"""Consumers: one asyncio task per claimed job. Run the actor through its executor, decide the
+outcome, write it (fenced, batched), then run the hooks."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from taskq.actors.declaration import Actor
+from taskq.actors.executors import Executor
+from taskq.client import JobHandle, encode_payload, prepare_insert
+from taskq.context import JobContext
+from taskq.exceptions import PayloadInvalid, ResultInvalid
+from taskq.metrics import JOB_DURATION, JOBS_COMPLETED
+from taskq.models import CancelMarker, CancelOrigin, CancelPhase, JobRow
+from taskq.worker.registry import ActiveJob
+from taskq.worker.store import RETRY, ClaimedJob, Finish
+
+if TYPE_CHECKING:
+    from taskq.worker.main import Worker
+
+log = logging.getLogger("taskq.worker")
+
+MAX_ERROR_MESSAGE = 4000
+
+
+def _message(exc: BaseException) -> str:
+    text = str(exc) or repr(exc)
+    return text if len(text) <= MAX_ERROR_MESSAGE else text[: MAX_ERROR_MESSAGE - 3] + "..."
+
+
+def cancel_marker(entry: ActiveJob) -> CancelMarker:
+    return CancelMarker.COOPERATIVE if entry.cancel_phase <= CancelPhase.COOPERATIVE else CancelMarker.FORCED
+
+
+def decide_after_failure(actor: Actor[Any, Any], job: ClaimedJob, exc: BaseException, error_class: str) -> Finish:
+    """Retry into `scheduled` with the actor's backoff while budget (and deadline) allow, else fail."""
+    base = Finish(
+        job_id=job.id, attempt=job.attempt, claim_epoch=job.claim_epoch, status="failed", outcome="failed",
+        error_class=error_class, error_message=_message(exc),
+    )
+    if actor.retry_kind(exc) != "retry":
+        base.detail = {"retryable": False}
+        return base
+    if job.attempt >= job.max_attempts:
+        base.detail = {"retries_exhausted": True}
+        return base
+    delay = actor.retry.delay(job.attempt)
+    if job.schedule_to_close is not None and time.time() + delay >= job.schedule_to_close.timestamp():
+        base.detail = {"retry_past_deadline": True}
+        return base
+    base.status = RETRY
+    base.outcome = "retried"
+    base.retry_delay = delay
+    base.detail = {"retry_in": round(delay, 3)}
+    return base
+
+
+class Consumers:
+    """The consumer side of one worker: spawns a task per claimed job and owns its terminal write."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.w = worker
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def spawn(self, job: ClaimedJob) -> None:
+        entry = ActiveJob(job=job)
+        self.w.registry.add(entry)
+        task = asyncio.get_running_loop().create_task(self._consume(entry), name=f"taskq-job-{job.id}")
+        entry.task = task
+        self.tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        self.w.slot_freed()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("consumer task crashed", exc_info=task.exception())
+
+    async def _consume(self, entry: ActiveJob) -> None:
+        try:
+            await self._execute(entry)
+        finally:
+            for timer in entry.timers:
+                timer.cancel()
+            if entry.cancel_phase < CancelPhase.ABANDON_PENDING:
+                self.w.registry.remove(entry.id, entry)
+
+    async def _execute(self, entry: ActiveJob) -> None:
+        job = entry.job
+        actor = self.w.actors.get(job.actor)
+        if actor is None:
+            await self._write(entry, Finish(
+                job_id=job.id, attempt=job.attempt, claim_epoch=job.claim_epoch, status="failed",
+                outcome="failed", error_class="UnknownActor",
+                error_message=(
+                    f"no actor named {job.actor!r} is registered in this worker (it knows "
+                    f"{', '.join(self.w.actors.names()) or 'none'}); deploy a worker that registers it "
+                    "and enqueue the job again"
+                ),
+                detail={"retryable": False},
+            ))
+            return
+        entry.actor = actor
+        try:
+            payload = actor.validate_json_payload(job.payload)
+        except PayloadInvalid as exc:
+            await self._write(entry, Finish(
+                job_id=job.id, attempt=job.attempt, claim_epoch=job.claim_epoch, status="failed",
+                outcome="failed", error_class="PayloadInvalid",
+                error_message=f"{exc}; fix the producer (or the actor's payload type) and enqueue again",
+                detail={"retryable": False},
+            ))
+            return
+        if job.schedule_to_close is not None and job.schedule_to_close <= datetime.now(UTC):
+            await self._write(entry, Finish(
+                job_id=job.id, attempt=job.attempt, claim_epoch=job.claim_epoch, status="failed",
+                outcome="failed", error_class="DeadlineExceeded",
+                error_message="schedule_to_close passed before this attempt could start",
+            ))
+            return
+        loop = asyncio.get_running_loop()
+        last = job.progress.get("data") if isinstance(job.progress, dict) else None
+        entry.ctx = JobContext(
+            job_id=job.id, attempt=job.attempt, claim_epoch=job.claim_epoch, payload=payload,
+            actor_name=actor.name, last_progress=last, runtime=self, loop=loop,
+        )
+        entry.executor = self.w.executor_for(actor)
+        if entry.cancel_origin is not None:  # a cancel (or shutdown) arrived before the actor started
+            entry.ctx.request_cancel(entry.cancel_origin)
+        self._arm_timers(entry, actor, loop)
+        started = loop.time()
+        try:
+            result = await entry.executor.run(entry)
+        except asyncio.CancelledError:
+            JOB_DURATION.observe(loop.time() - started)
+            await self._on_cancelled(entry, actor)
+            raise
+        except Exception as exc:
+            JOB_DURATION.observe(loop.time() - started)
+            await self._on_failure(entry, actor, exc)
+        else:
+            JOB_DURATION.observe(loop.time() - started)
+            await self._on_success(entry, actor, result)
+
+    def _arm_timers(self, entry: ActiveJob, actor: Actor[Any, Any], loop: asyncio.AbstractEventLoop) -> None:
+        if actor.timeout is not None:
+            entry.timers.append(loop.call_later(actor.timeout, self._stop_attempt, entry, "timeout"))
+        deadline = entry.job.schedule_to_close
+        if deadline is not None:
+            remaining = deadline.timestamp() - time.time()
+            entry.timers.append(loop.call_later(max(0.0, remaining), self._stop_attempt, entry, "deadline"))
+
+    def _stop_attempt(self, entry: ActiveJob, cause: str) -> None:
+        """Per-attempt timeout or schedule_to_close: force the attempt to stop (the force path)."""
+        if entry.finishing or entry.stop_cause is not None or entry.cancel_origin is not None:
+            return
+        entry.stop_cause = cause
+        log.warning("job %s attempt %d: %s reached, forcing the attempt to stop", entry.id, entry.attempt, cause)
+        entry.request_cancel(CancelOrigin.TIMEOUT)
+        if entry.executor is not None:
+            entry.executor.force_cancel(entry)
+
+    # -- outcomes --------------------------------------------------------------------------------
+
+    async def _on_success(self, entry: ActiveJob, actor: Actor[Any, Any], result: Any) -> None:
+        job = entry.job
+        try:
+            raw = actor.result_adapter.dump_json(result)
+            if b"\\u0000" in raw:
+                raise ValueError("it contains a NUL character, which PostgreSQL cannot store")
+            result_json = raw.decode("utf-8")
+        except Exception as exc:
+            err = ResultInvalid(f"actor {actor.name!r} returned a result that cannot be stored: {exc}")
+            await self._write(entry, Finish(
+                job_id=job.id, attempt=job.attempt, claim_epoch=job.claim_epoch, status="failed",
+                outcome="failed", error_class="ResultInvalid", error_message=_message(err),
+                detail={"retryable": False},
+            ))
+            return
+        detail = {"cancel_requested": True} if entry.cancel_origin is CancelOrigin.OPERATOR else None
+        written = await self._write(entry, Finish(
+            job_id=job.id, attempt=job.attempt, claim_epoch=job.claim_epoch, status="succeeded",
+            outcome="succeeded", result_json=result_json, detail=detail,
+        ))
+        if written and actor.on_success is not None:
+            await self.w.hooks.run(actor.on_success, entry, actor.hook_timeout, "on_success")
+
+    async def _on_failure(self, entry: ActiveJob, actor: Actor[Any, Any], exc: Exception) -> None:
+        job = entry.job
+        if entry.cancel_origin is CancelOrigin.OPERATOR:
+            # the operator asked this job to stop: an exception on the way out ends it cancelled
+            await self._write_cancelled(entry, actor, detail={"raised": type(exc).__name__})
+            return
+        if entry.cancel_origin is CancelOrigin.SHUTDOWN or entry.cancel_origin is CancelOrigin.LEASE_LOST:
+            await self._release_or_drop(entry)
+            return
+        finish = decide_after_failure(actor, job, exc, type(exc).__name__)
+        log.info("job %s attempt %d failed with %s -> %s", job.id, job.attempt, type(exc).__name__, finish.status)
+        written = await self._write(entry, finish)
+        if written and finish.status == "failed" and actor.on_retry_exhausted is not None:
+            await self.w.hooks.run(actor.on_retry_exhausted, entry, actor.hook_timeout, "on_retry_exhausted")
+
+    async def _on_cancelled(self, entry: ActiveJob, actor: Actor[Any, Any]) -> None:
+        """The actor ended with CancelledError: decide by why it was stopped, never by the exception."""
+        if entry.cancel_phase >= CancelPhase.ABANDON_PENDING:
+            return  # run_post_tx owns the terminal write
+        origin = entry.cancel_origin
+        job = entry.job
+        if origin is CancelOrigin.OPERATOR:
+            await self._write_cancelled(entry, actor)
+        elif origin is CancelOrigin.TIMEOUT and entry.stop_cause == "deadline":
+            await self._write(entry, Finish(
+                job_id=job.id, attempt=job.attempt, claim_epoch=job.claim_epoch, status="failed",
+                outcome="failed", error_class="DeadlineExceeded",
+                error_message="schedule_to_close passed while the attempt was running",
+            ))
+        elif origin is CancelOrigin.TIMEOUT:
+            exc = TimeoutError(f"attempt {job.attempt} exceeded the actor's timeout of {actor.timeout} s")
+            await self._on_timeout(entry, actor, exc)
+        elif origin is CancelOrigin.LEASE_LOST:
+            log.warning("job %s attempt %d stopped: this worker no longer holds its lease", job.id, job.attempt)
+        else:
+            # SHUTDOWN, or a bare cancellation of the worker (stamped SHUTDOWN by the teardown path)
+            await self._release_or_drop(entry)
+
+    async def _on_timeout(self, entry: ActiveJob, actor: Actor[Any, Any], exc: TimeoutError) -> None:
+        finish = decide_after_failure(actor, entry.job, exc, "AttemptTimeout")
+        written = await self._write(entry, finish)
+        if written and finish.status == "failed" and actor.on_retry_exhausted is not None:
+            await self.w.hooks.run(actor.on_retry_exhausted, entry, actor.hook_timeout, "on_retry_exhausted")
+
+    async def _write_cancelled(self, entry: ActiveJob, actor: Actor[Any, Any] | None,
+                               detail: dict[str, Any] | None = None) -> bool:
+        job = entry.job
+        marker = cancel_marker(entry)
+        written = await self._write(entry, Finish(
+            job_id=job.id, attempt=job.attempt, claim_epoch=job.claim_epoch, status="cancelled",
+            outcome="cancelled", error_class=marker.value,
+            error_message=f"cancelled at phase {int(entry.cancel_phase)}",
+            detail={"cancel_phase": int(min(entry.cancel_phase, CancelPhase.FORCED)), **(detail or {})},
+        ))
+        if written and actor is not None and actor.on_cancel is not None:
+            await self.w.hooks.run(actor.on_cancel, entry, actor.on_cancel_timeout, "on_cancel")
+        return written
+
+    async def _release_or_drop(self, entry: ActiveJob) -> None:
+        """Shutdown interruption: an operator cancel on the row wins (cancelled, forced); otherwise the
+        row goes back to the fleet. A lost lease writes nothing."""
+        if entry.cancel_origin is CancelOrigin.LEASE_LOST:
+            return
+        await self.w.release([entry])
+
+    async def _write(self, entry: ActiveJob, finish: Finish) -> bool:
+        entry.finishing = True
+        try:
+            written = await self.w.completer.finish(finish)
+        except Exception as exc:
+            log.error("job %s: outcome %s not written (%s); its lease will expire and the sweeper "
+                      "will decide", entry.id, finish.status, exc)
+            return False
+        if written:
+            JOBS_COMPLETED.labels(status=finish.status if finish.status != RETRY else "retried").inc()
+        return written
+
+    # -- ContextRuntime --------------------------------------------------------------------------
+
+    async def save_progress(self, ctx: JobContext[Any], data: Any, message: str | None) -> None:
+        doc = encode_payload(None, ctx.actor_name, {"data": data, "message": message}, 1024 * 1024)
+        held = await self.w.store.save_progress(ctx.job_id, ctx.attempt, ctx.claim_epoch, doc)
+        if not held:
+            log.warning("job %s: progress not saved, attempt %d no longer holds the row", ctx.job_id, ctx.attempt)
+        ctx.last_progress = data
+
+    async def enqueue_child(
+        self, ctx: JobContext[Any], target: Actor[Any, Any] | str, payload: Any, options: dict[str, Any]
+    ) -> JobHandle[Any]:
+        job = prepare_insert(target, payload, registry=self.w.actors, max_payload_bytes=1024 * 1024,
+                             parent_id=ctx.job_id, **options)
+        row = await self.w.backend.job_insert(job)
+        return JobHandle(row.id, client=None, row=row)
+
+
+class Hooks:
+    """Lifecycle hooks: after the write, with the terminal row; best-effort and timeout-bounded."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.w = worker
+
+    async def run(self, hook: Any, entry: ActiveJob, timeout: float, name: str) -> None:
+        try:
+            row = await self.w.backend.get(entry.id)
+            if row is None:
+                return
+            await asyncio.wait_for(self._call(hook, row), timeout)
+        except TimeoutError:
+            log.warning("job %s: %s hook still running after %.1fs; abandoned", entry.id, name, timeout)
+        except Exception:
+            log.exception("job %s: %s hook raised (ignored)", entry.id, name)
+
+    @staticmethod
+    async def _call(hook: Any, row: JobRow) -> None:
+        if asyncio.iscoroutinefunction(hook):
+            await hook(row)
+        else:
+            result = await asyncio.to_thread(hook, row)
+            if asyncio.iscoroutine(result):
+                await result
+
+
+__all__ = ["Consumers", "Executor", "Hooks", "cancel_marker", "decide_after_failure"]

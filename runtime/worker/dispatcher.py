@@ -1,0 +1,98 @@
+"""The dispatcher claims batches up to the free slots; the listener wakes it on NOTIFY and delivers
+cancel requests in milliseconds. Polling every `poll_interval` is the fallback for both."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+from uuid import UUID
+
+import psycopg
+
+from taskq import sql
+from taskq.backend import CANCEL_CHANNEL, JOBS_CHANNEL
+from taskq.metrics import JOBS_CLAIMED
+
+if TYPE_CHECKING:
+    from taskq.worker.main import Worker
+
+log = logging.getLogger("taskq.dispatcher")
+
+
+class Dispatcher:
+    def __init__(self, worker: Worker) -> None:
+        self.w = worker
+        self.wake = asyncio.Event()
+
+    async def run(self) -> None:
+        s = self.w.settings
+        backoff = 0.05
+        while not self.w.draining:
+            free = s.concurrency - len(self.w.registry)
+            if free <= 0:
+                self.wake.clear()
+                await self.wake.wait()
+                continue
+            want = min(free, s.claim_batch_size)
+            try:
+                jobs = await self.w.store.claim(s.queues, want, s.lock_timeout)
+            except Exception as exc:
+                log.warning("claim failed: %s (retrying in %.2fs)", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, s.poll_interval)
+                continue
+            backoff = 0.05
+            if self.w.draining:  # stop arrived during the claim: run nothing new, give the rows back
+                await self.w.release_unstarted(jobs)
+                return
+            for job in jobs:
+                JOBS_CLAIMED.labels(queue=job.queue).inc()
+                self.w.consumers.spawn(job)
+            if len(jobs) < want:
+                try:
+                    await asyncio.wait_for(self.wake.wait(), s.poll_interval)
+                except TimeoutError:
+                    pass
+                self.wake.clear()
+
+
+class Listener:
+    """A dedicated LISTEN connection that reconnects by itself."""
+
+    def __init__(self, worker: Worker, dsn: str) -> None:
+        self.w = worker
+        self.dsn = dsn
+        self.connected = asyncio.Event()
+
+    async def run(self) -> None:
+        backoff = 0.1
+        queues = set(self.w.settings.queues)
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+                async with conn:
+                    await conn.execute(sql.query("listen"))
+                    self.connected.set()
+                    backoff = 0.1
+                    self.w.dispatcher.wake.set()  # anything enqueued while we were away
+                    async for note in conn.notifies():
+                        if note.channel == JOBS_CHANNEL:
+                            if note.payload in queues:
+                                self.w.dispatcher.wake.set()
+                        elif note.channel == CANCEL_CHANNEL:
+                            self._on_cancel(note.payload)
+            except (psycopg.Error, OSError) as exc:
+                self.connected.clear()
+                log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    def _on_cancel(self, payload: str) -> None:
+        try:
+            job_id, attempt, epoch, worker_id = payload.split(":", 3)
+            if worker_id != self.w.worker_id:
+                return
+            self.w.controller.on_notification(UUID(job_id), int(attempt), int(epoch))
+        except ValueError:
+            log.warning("ignoring malformed cancel notification %r", payload)

@@ -1,0 +1,25 @@
+"""Worker process exit codes: a documented contract the supervisor and systemd rely on."""
+
+from __future__ import annotations
+
+OK = 0
+"""Stopped cleanly: every held job finished or was released."""
+ERROR = 1
+"""An unexpected error inside the worker (it is logged)."""
+USAGE = 2
+"""Invalid settings or command line."""
+DATABASE_UNAVAILABLE = 3
+"""PostgreSQL unreachable or credentials refused at boot."""
+SCHEMA = 5
+"""Schema missing or too new: run `taskq migrate` / upgrade taskq."""
+EMBEDDED_UNAVAILABLE = 6
+"""No DSN and the embedded server is not installed or cannot start."""
+IMPORT_ERROR = 10
+"""APP could not be imported or is not a list/registry of actors. Restarting will not help."""
+LEASES_LOST = 12
+"""The heartbeat could not renew for lock_timeout: actors stopped, nothing written, leases left to the sweeper."""
+WATCHDOG = 13
+"""The shutdown watchdog fired: the worker did not exit within shutdown_timeout (held jobs are recovered
+later by lock expiry, as crash reclaims)."""
+LEAKED_THREADS = 14
+"""More actor threads leaked than max_leaked_threads: the worker restarted itself to reclaim them."""

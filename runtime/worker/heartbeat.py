@@ -1,0 +1,90 @@
+"""The heartbeat: one transaction per tick renews every lease, reads every cancel flag, and runs the
+cancel controller; its round trips do not grow with the number of jobs held."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from taskq.metrics import HEARTBEAT_FAILURES, HEARTBEAT_TICK
+from taskq.models import CancelOrigin
+
+if TYPE_CHECKING:
+    from taskq.worker.main import Worker
+
+log = logging.getLogger("taskq.heartbeat")
+
+
+class Heartbeat:
+    def __init__(self, worker: Worker) -> None:
+        self.w = worker
+        self.consecutive_failures = 0
+        self.last_success: float | None = None
+        self.ticks = 0
+        self.tick_durations: list[float] = []
+        """Recent tick durations in seconds (bounded), for benchmarks and tests."""
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.last_success = loop.time()
+        interval = self.w.settings.heartbeat_interval
+        next_tick = loop.time() + interval
+        while True:
+            await asyncio.sleep(max(0.0, next_tick - loop.time()))
+            next_tick += interval
+            if next_tick < loop.time():  # fell behind (a long tick): do not burst to catch up
+                next_tick = loop.time() + interval
+            await self.tick()
+            if self.w.leases_lost:
+                return
+
+    async def tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        held = self.w.registry.held()
+        try:
+            async with self.w.backend.pool.connection() as conn, conn.transaction():
+                rows, worker_row = await self.w.store.heartbeat(conn, held, self.w.settings.lock_timeout)
+                await self.w.controller.run_in_tx(conn, rows)
+            await self.w.controller.run_post_tx()
+        except Exception as exc:
+            self.consecutive_failures += 1
+            HEARTBEAT_FAILURES.set(self.consecutive_failures)
+            assert self.last_success is not None
+            silent_for = loop.time() - self.last_success
+            log.warning("heartbeat failed (%d in a row, %.1fs since the last renewal): %s",
+                        self.consecutive_failures, silent_for, exc)
+            if silent_for >= self.w.settings.lock_timeout:
+                self.w.lose_leases(f"no lease renewal for {silent_for:.1f}s (lock_timeout "
+                                   f"{self.w.settings.lock_timeout:g}s)")
+            return
+        finally:
+            duration = time.perf_counter() - started
+            HEARTBEAT_TICK.observe(duration)
+            self.tick_durations.append(duration)
+            if len(self.tick_durations) > 10_000:
+                del self.tick_durations[:5_000]
+        self.ticks += 1
+        self.last_success = loop.time()
+        if self.consecutive_failures:
+            log.info("heartbeat recovered after %d failures", self.consecutive_failures)
+        self.consecutive_failures = 0
+        HEARTBEAT_FAILURES.set(0)
+        if not worker_row:
+            log.warning("this worker's row was removed (considered dead by a sweeper); registering again")
+            await self.w.store.register(self.w.settings.queues, self.w.settings.concurrency)
+        held_ids = {job_id for job_id, _ in held}
+        for entry in self.w.registry:
+            if entry.id in held_ids and entry.id not in rows and not entry.finishing:
+                # reclaimed by a sweeper or finished elsewhere: stop locally, never write
+                log.warning("job %s attempt %d: lease lost (row no longer held by this attempt); stopping it",
+                            entry.id, entry.attempt)
+                entry.request_cancel(CancelOrigin.LEASE_LOST)
+                entry.cancel_origin = CancelOrigin.LEASE_LOST
+                entry.finishing = True
+                if entry.executor is not None:
+                    entry.executor.force_cancel(entry)
+                elif entry.task is not None:
+                    entry.task.cancel(msg="taskq: lease lost")

@@ -1,0 +1,297 @@
+"""The worker process: one event loop, a dispatcher, consumers, a heartbeat, a listener and a sweeper."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from taskq.actors.declaration import Actor, ActorRegistry, as_registry
+from taskq.actors.executors import AsyncioExecutor, Executor, ThreadExecutor
+from taskq.backend import Backend
+from taskq.dsn import resolve_dsn
+from taskq.metrics import JOBS_IN_FLIGHT, STALE_WRITES
+from taskq.models import CancelOrigin
+from taskq.settings import WorkerSettings
+from taskq.worker import exitcodes
+from taskq.worker.cancel import CancelController
+from taskq.worker.completer import Completer
+from taskq.worker.consumer import Consumers, Hooks
+from taskq.worker.dispatcher import Dispatcher, Listener
+from taskq.worker.heartbeat import Heartbeat
+from taskq.worker.registry import ActiveJob, ActiveJobRegistry
+from taskq.worker.store import ClaimedJob, WorkerStore
+from taskq.worker.sweeper import Sweeper
+
+log = logging.getLogger("taskq.worker")
+
+
+class ShutdownWatchdog:
+    """An OS thread that hard-exits the process if shutdown takes longer than its budget. Armed at the
+    first trigger; disarmed only by the worker's own exit path."""
+
+    def __init__(self, budget: float, describe: Any) -> None:
+        self._budget = budget
+        self._describe = describe
+        self._disarmed = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def arm(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="taskq-shutdown-watchdog", daemon=True)
+            self._thread.start()
+
+    def disarm(self) -> None:
+        self._disarmed.set()
+
+    def _watch(self) -> None:
+        if self._disarmed.wait(self._budget):
+            return
+        try:
+            log.critical("shutdown watchdog: still running after %.1fs; hard exit %d; still held: %s",
+                         self._budget, exitcodes.WATCHDOG, self._describe())
+        finally:
+            os._exit(exitcodes.WATCHDOG)
+
+
+class Worker:
+    def __init__(self, settings: WorkerSettings, actors: ActorRegistry | Iterable[Actor[Any, Any]]) -> None:
+        self.settings = settings
+        self.actors = as_registry(actors)
+        self.worker_id = settings.resolved_worker_id()
+        self.registry = ActiveJobRegistry()
+        self.draining = False
+        self.shutdown_active = False
+        self.leases_lost = False
+        self.exit_code = exitcodes.OK
+        self.shutdown_event: asyncio.Event | None = None
+        self.ready = threading.Event()
+        self._async_executor = AsyncioExecutor()
+        self._thread_executor = ThreadExecutor(settings.max_threads)
+        self.summary: dict[str, list[str]] = {"released": [], "cancelled": [], "held": []}
+
+    # -- wiring used by the parts --------------------------------------------------------------
+
+    def executor_for(self, actor: Actor[Any, Any]) -> Executor:
+        if actor.isolation == "async":
+            return self._async_executor
+        if actor.isolation == "thread":
+            return self._thread_executor
+        raise NotImplementedError("process isolation is not available yet in this build of taskq")
+
+    def slot_freed(self) -> None:
+        JOBS_IN_FLIGHT.set(len(self.registry))
+        self.dispatcher.wake.set()
+
+    def on_abandoned(self, entry: ActiveJob) -> None:
+        self.slot_freed()
+
+    def lose_leases(self, why: str) -> None:
+        """Self-fencing: our leases are gone, so stop every actor without writing anything."""
+        if self.leases_lost:
+            return
+        log.error("%s: stopping every actor without writing (the sweeper will recover the rows)", why)
+        self.leases_lost = True
+        self.exit_code = exitcodes.LEASES_LOST
+        for entry in self.registry:
+            entry.request_cancel(CancelOrigin.LEASE_LOST)
+            entry.cancel_origin = CancelOrigin.LEASE_LOST
+            entry.finishing = True
+            if entry.executor is not None:
+                entry.executor.force_cancel(entry)
+            elif entry.task is not None:
+                entry.task.cancel(msg="taskq: leases lost")
+        self.request_shutdown()
+
+    def request_shutdown(self) -> None:
+        if self.shutdown_event is not None:
+            self.shutdown_event.set()
+
+    async def release(self, entries: Sequence[ActiveJob]) -> None:
+        """Give interrupted attempts back to the fleet; a row an operator asked to cancel ends
+        cancelled (forced) instead, through the same fenced write the unwinding consumer races."""
+        todo = [e for e in entries if not (e.finishing and e.cancel_origin is CancelOrigin.LEASE_LOST)]
+        if not todo:
+            return
+        for e in todo:
+            e.finishing = True
+        outcome = await self.store.release_batch([(e.id, e.attempt, e.claim_epoch) for e in todo])
+        for e in todo:
+            status = outcome.get(e.id)
+            if status is None:
+                STALE_WRITES.inc()
+                log.warning("job %s attempt %d: release fenced out (a newer attempt owns the row)", e.id, e.attempt)
+            elif status == "cancelled":
+                self.summary["cancelled"].append(str(e.id))
+                if e.actor is not None and e.actor.on_cancel is not None:
+                    await self.hooks.run(e.actor.on_cancel, e, e.actor.on_cancel_timeout, "on_cancel")
+            else:
+                self.summary["released"].append(str(e.id))
+
+    async def release_unstarted(self, jobs: Sequence[ClaimedJob]) -> None:
+        await self.release([ActiveJob(job=j) for j in jobs])
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        self.shutdown_event = asyncio.Event()
+        s = self.settings
+        dsn = resolve_dsn(s.dsn_value())
+        self.backend = await Backend.open(dsn, min_size=2, max_size=max(4, min(20, s.concurrency // 50 + 4)))
+        self.store = WorkerStore(self.backend, self.worker_id)
+        self.completer = Completer(self.store, give_up_after=s.lock_timeout)
+        self.consumers = Consumers(self)
+        self.hooks = Hooks(self)
+        self.controller = CancelController(self)
+        self.heartbeat = Heartbeat(self)
+        self.dispatcher = Dispatcher(self)
+        self.listener = Listener(self, s.listen_dsn_value() and resolve_dsn(s.listen_dsn_value()) or dsn)
+        self.sweeper = Sweeper(self)
+        self.watchdog = ShutdownWatchdog(s.effective_shutdown_timeout, self._describe_held)
+        await self.store.register(s.queues, s.concurrency)
+        log.info("worker %s started: queues=%s concurrency=%d actors=%s", self.worker_id, s.queues,
+                 s.concurrency, self.actors.names())
+        services = {
+            "completer": loop.create_task(self.completer.run(), name="taskq-completer"),
+            "heartbeat": loop.create_task(self.heartbeat.run(), name="taskq-heartbeat"),
+            "listener": loop.create_task(self.listener.run(), name="taskq-listener"),
+            "sweeper": loop.create_task(self.sweeper.run(), name="taskq-sweeper"),
+            "dispatcher": loop.create_task(self.dispatcher.run(), name="taskq-dispatcher"),
+        }
+        stop_wait = loop.create_task(self.shutdown_event.wait(), name="taskq-stop-wait")
+        self.ready.set()
+        cancelled_from_outside = False
+        try:
+            try:
+                done, _ = await asyncio.wait([stop_wait, *services.values()], return_when=asyncio.FIRST_COMPLETED)
+                for name, task in services.items():
+                    if task in done and name != "dispatcher" and not task.cancelled() and task.exception():
+                        log.error("worker service %s crashed; shutting down", name, exc_info=task.exception())
+                        self.exit_code = exitcodes.ERROR
+            except asyncio.CancelledError:
+                # a bare cancel of the worker task is a supported stop path: same as a signal
+                cancelled_from_outside = True
+                current = asyncio.current_task()
+                if current is not None:
+                    current.uncancel()
+            await self._shutdown()
+        finally:
+            stop_wait.cancel()
+            for task in services.values():
+                task.cancel()
+            await asyncio.gather(*services.values(), stop_wait, return_exceptions=True)
+            await self._close()
+        if cancelled_from_outside:
+            raise asyncio.CancelledError
+        return self.exit_code
+
+    async def _shutdown(self) -> None:
+        """Stop claiming; stamp SHUTDOWN and signal; force after the grace; release after the cleanup
+        grace. Heartbeats keep running until the end so every lease stays valid."""
+        self.watchdog.arm()
+        self.draining = True
+        self.shutdown_active = True
+        self.dispatcher.wake.set()
+        s = self.settings
+        log.info("worker %s shutting down with %d jobs in flight", self.worker_id, len(self.registry))
+        if self.leases_lost:
+            await self._wait_empty(s.cleanup_grace_period)
+            return
+        try:
+            await self.store.mark_stopping()
+        except Exception as exc:
+            log.warning("could not mark the worker stopping: %s", exc)
+        for entry in self.registry:
+            entry.request_cancel(CancelOrigin.SHUTDOWN)
+        await self._wait_empty(s.cancellation_grace_period)
+        for entry in self.registry:
+            if entry.finishing:
+                continue
+            if entry.executor is not None:
+                entry.executor.force_cancel(entry)
+            elif entry.task is not None:
+                entry.task.cancel(msg="taskq: shutdown")
+        await self._wait_empty(s.cleanup_grace_period)
+        remaining = [e for e in self.registry if not e.finishing]
+        if remaining:
+            try:
+                await self.release(remaining)
+            except Exception as exc:
+                log.error("releasing %d jobs failed (%s); lock expiry will recover them", len(remaining), exc)
+        await self._wait_empty(0.5)
+        self.summary["held"] = [str(e.id) for e in self.registry]
+        log.info("worker %s stopped: released=%s cancelled=%s still_held=%s", self.worker_id,
+                 self.summary["released"], self.summary["cancelled"], self.summary["held"])
+
+    async def _wait_empty(self, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            if not any(not e.finishing for e in self.registry) and not self.consumers.tasks:
+                return
+            self.dispatcher.wake.clear()
+            try:
+                await asyncio.wait_for(self.dispatcher.wake.wait(), min(0.05, max(0.0, deadline - loop.time())))
+            except TimeoutError:
+                pass
+
+    async def _close(self) -> None:
+        try:
+            await self.completer.drain()
+        except Exception as exc:
+            log.warning("final writes failed: %s", exc)
+        for task in list(self.consumers.tasks):
+            task.cancel()
+        if self.consumers.tasks:
+            await asyncio.wait(self.consumers.tasks, timeout=1.0)
+        try:
+            await self.store.deregister()
+        except Exception as exc:
+            log.warning("could not deregister worker: %s", exc)
+        await self.backend.close()
+
+    def _describe_held(self) -> list[str]:
+        return [f"{e.id}#{e.attempt}" for e in self.registry]
+
+
+def install_signal_handlers(worker: Worker, loop: asyncio.AbstractEventLoop) -> None:
+    """SIGTERM/SIGINT only set the worker's shutdown event; the loop does the work."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, worker.request_shutdown)
+
+
+async def worker_main_async(
+    settings: WorkerSettings,
+    actors: ActorRegistry | Iterable[Actor[Any, Any]],
+    *,
+    handle_signals: bool | None = None,
+    worker: Worker | None = None,
+) -> int:
+    """Run a worker until it is stopped (signal, its shutdown event, or cancelling this task).
+    Returns the exit code (see taskq.worker.exitcodes)."""
+    w = worker or Worker(settings, actors)
+    if handle_signals is None:
+        handle_signals = threading.current_thread() is threading.main_thread()
+    loop = asyncio.get_running_loop()
+    if handle_signals:
+        install_signal_handlers(w, loop)
+    try:
+        code = await w.run()
+    finally:
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+        w.watchdog.disarm() if hasattr(w, "watchdog") else None
+    return code
+
+
+def worker_main(settings: WorkerSettings, actors: ActorRegistry | Iterable[Actor[Any, Any]]) -> int:
+    """Run a worker on uvloop in this thread; returns the exit code."""
+    import uvloop
+
+    return uvloop.run(worker_main_async(settings, actors))

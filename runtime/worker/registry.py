@@ -1,0 +1,87 @@
+"""ActiveJobRegistry: the jobs this worker holds, with their in-process cancellation state."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+from taskq.models import CancelOrigin, CancelPhase
+
+if TYPE_CHECKING:
+    from taskq.actors.declaration import Actor
+    from taskq.actors.executors import Executor
+    from taskq.context import JobContext
+    from taskq.worker.store import ClaimedJob
+
+
+@dataclass(eq=False)
+class ActiveJob:
+    """One held job. `cancel_phase` is the in-process ladder position (ABANDON_PENDING never persisted);
+    `cancel_observed_at` is on the event loop's monotonic clock (`loop.time()`)."""
+
+    job: ClaimedJob
+    actor: Actor[Any, Any] | None = None
+    ctx: JobContext[Any] | None = None
+    task: asyncio.Task[Any] | None = None
+    executor: Executor | None = None
+    cancel_phase: CancelPhase = CancelPhase.NONE
+    cancel_origin: CancelOrigin | None = None
+    cancel_observed_at: float | None = None
+    stop_cause: str | None = None
+    """Why the worker stopped the attempt when the cause is not a cancel: 'timeout' or 'deadline'."""
+    finishing: bool = False
+    """The consumer has started its terminal write; the heartbeat no longer treats a missing row as lost."""
+    timers: list[asyncio.TimerHandle] = field(default_factory=list)
+
+    @property
+    def id(self) -> UUID:
+        return self.job.id
+
+    @property
+    def attempt(self) -> int:
+        return self.job.attempt
+
+    @property
+    def claim_epoch(self) -> int:
+        return self.job.claim_epoch
+
+    def request_cancel(self, origin: CancelOrigin) -> None:
+        """Record why, then signal the actor. An operator's request wins over infrastructure origins;
+        otherwise the first origin sticks."""
+        if self.cancel_origin is None or origin is CancelOrigin.OPERATOR:
+            self.cancel_origin = origin
+        if self.ctx is not None:
+            self.ctx.request_cancel(origin)
+        if self.executor is not None:
+            self.executor.request_cancel(self)
+
+
+class ActiveJobRegistry:
+    def __init__(self) -> None:
+        self._jobs: dict[UUID, ActiveJob] = {}
+
+    def add(self, entry: ActiveJob) -> None:
+        self._jobs[entry.id] = entry
+
+    def remove(self, job_id: UUID, entry: ActiveJob | None = None) -> None:
+        current = self._jobs.get(job_id)
+        if current is not None and (entry is None or current is entry):
+            del self._jobs[job_id]
+
+    def get(self, job_id: UUID) -> ActiveJob | None:
+        return self._jobs.get(job_id)
+
+    def __iter__(self) -> Iterator[ActiveJob]:
+        return iter(list(self._jobs.values()))
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._jobs
+
+    def held(self) -> list[tuple[UUID, int]]:
+        return [(e.id, e.claim_epoch) for e in self._jobs.values()]

@@ -1,0 +1,259 @@
+-- Queries used by the worker runtime (taskq.worker.store). Parameters are psycopg %(name)s.
+-- Every write to a claimed row is fenced on (id, status='running', attempt, claim_epoch).
+
+-- name: worker_register
+INSERT INTO taskq.workers (id, host, pid, queues, concurrency)
+VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s)
+ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = now(), stopping = false;
+
+-- name: worker_stopping
+UPDATE taskq.workers SET stopping = true WHERE id = %(id)s;
+
+-- name: worker_deregister
+DELETE FROM taskq.workers WHERE id = %(id)s;
+
+-- name: workers_clean_dead
+DELETE FROM taskq.workers
+WHERE last_heartbeat_at < now() - %(dead_after)s::float8 * interval '1 second'
+  AND NOT EXISTS (SELECT 1 FROM taskq.jobs j WHERE j.worker_id = workers.id AND j.status = 'running');
+
+-- name: job_claim
+-- Claim up to %(limit)s due jobs of our queues, most urgent first; one attempts row and one event each.
+WITH picked AS (
+    SELECT id, status AS prev FROM taskq.jobs
+    WHERE status IN ('pending', 'scheduled') AND queue = ANY(%(queues)s::text[]) AND scheduled_at <= now()
+    ORDER BY priority, scheduled_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE taskq.jobs AS j SET
+        status = 'running',
+        attempt = j.attempt + 1,
+        claim_epoch = j.claim_epoch + 1,
+        worker_id = %(worker_id)s,
+        lock_expires_at = now() + %(lock_timeout)s::float8 * interval '1 second',
+        started_at = now(),
+        cancel_phase = 0
+    FROM picked AS p
+    WHERE j.id = p.id
+    RETURNING j.id, j.actor, j.queue, j.payload, j.attempt, j.max_attempts, j.claim_epoch, j.progress,
+              j.schedule_to_close, j.priority, p.prev
+), att AS (
+    INSERT INTO taskq.job_attempts (job_id, attempt, claim_epoch, worker_id)
+    SELECT c.id, c.attempt, c.claim_epoch, %(worker_id)s FROM claimed AS c
+), ev AS (
+    INSERT INTO taskq.job_events (job_id, kind, from_status, to_status, attempt, worker_id, detail)
+    SELECT c.id, 'state_change', c.prev, 'running', c.attempt, %(worker_id)s,
+           jsonb_build_object('claim_epoch', c.claim_epoch)
+    FROM claimed AS c
+)
+SELECT id, actor, queue, payload, attempt, max_attempts, claim_epoch, progress, schedule_to_close
+FROM claimed
+ORDER BY priority, id;
+
+-- name: heartbeat
+-- One round trip per tick: renew the lease of every row we still hold (fenced on claim_epoch), touch
+-- our workers row, and return each held row's cancel flags. A row missing from the result is lost.
+WITH w AS (
+    UPDATE taskq.workers SET last_heartbeat_at = now() WHERE id = %(worker_id)s RETURNING id
+), renewed AS (
+    UPDATE taskq.jobs AS j SET lock_expires_at = now() + %(lock_timeout)s::float8 * interval '1 second'
+    FROM unnest(%(ids)s::uuid[], %(epochs)s::bigint[]) AS h(id, epoch)
+    WHERE j.id = h.id AND j.claim_epoch = h.epoch AND j.status = 'running' AND j.worker_id = %(worker_id)s
+    RETURNING j.id, j.cancel_phase, j.cancel_requested_at IS NOT NULL AS cancel_requested
+)
+SELECT id, cancel_phase, cancel_requested, (SELECT count(*) FROM w) AS worker_rows FROM renewed
+UNION ALL
+SELECT NULL, NULL, NULL, (SELECT count(*) FROM w)
+WHERE NOT EXISTS (SELECT 1 FROM renewed);
+
+-- name: job_finish_batch
+-- Every outcome of an attempt, batched: succeeded / failed / cancelled / abandoned / crashed, or
+-- 'scheduled' for a retry after retry_delay seconds. Rows whose fence fails are left alone; the
+-- caller counts them as stale writes. A cancelled verdict needs a real cancel request on the row.
+WITH i AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(epochs)s::bigint[], %(statuses)s::text[],
+                         %(results)s::jsonb[], %(error_classes)s::text[], %(error_messages)s::text[],
+                         %(retry_delays)s::float8[], %(outcomes)s::text[], %(details)s::jsonb[])
+        AS t(id, attempt, epoch, status, result, error_class, error_message, retry_delay, outcome, detail)
+), upd AS (
+    UPDATE taskq.jobs AS j SET
+        status = i.status,
+        result = CASE WHEN i.status = 'succeeded' THEN i.result ELSE j.result END,
+        error_class = CASE WHEN i.status = 'succeeded' THEN NULL ELSE i.error_class END,
+        error_message = CASE WHEN i.status = 'succeeded' THEN NULL ELSE i.error_message END,
+        finished_at = CASE WHEN i.status = 'scheduled' THEN NULL ELSE now() END,
+        scheduled_at = CASE WHEN i.status = 'scheduled'
+                            THEN now() + i.retry_delay * interval '1 second' ELSE j.scheduled_at END,
+        worker_id = CASE WHEN i.status = 'scheduled' THEN NULL ELSE j.worker_id END,
+        lock_expires_at = NULL,
+        cancel_phase = CASE WHEN i.status = 'scheduled' THEN 0 ELSE j.cancel_phase END
+    FROM i
+    WHERE j.id = i.id AND j.status = 'running' AND j.attempt = i.attempt AND j.claim_epoch = i.epoch
+      AND (i.status <> 'cancelled' OR j.cancel_requested_at IS NOT NULL)
+    RETURNING j.id, j.attempt, j.claim_epoch, %(worker_id)s::text AS worker_id, i.status, i.outcome,
+              i.error_class, i.error_message, i.detail
+), att AS (
+    UPDATE taskq.job_attempts AS a SET
+        finished_at = now(), outcome = u.outcome, error_class = u.error_class, error_message = u.error_message
+    FROM upd AS u
+    WHERE a.job_id = u.id AND a.claim_epoch = u.claim_epoch
+), ev AS (
+    INSERT INTO taskq.job_events (job_id, kind, from_status, to_status, attempt, worker_id, detail)
+    SELECT u.id, 'state_change', 'running', u.status, u.attempt, u.worker_id,
+           coalesce(u.detail, '{}'::jsonb)
+           || jsonb_strip_nulls(jsonb_build_object('error_class', u.error_class, 'claim_epoch', u.claim_epoch))
+    FROM upd AS u
+)
+SELECT u.id FROM upd AS u;
+
+-- name: job_release_batch
+-- Shutdown RELEASING: give interrupted rows back to the fleet (pending, or scheduled behind a hold),
+-- attempt not refunded, interrupt_count + 1, progress kept. Two rows are not released: one that
+-- carries an operator's cancel request ends cancelled (CancelledForced: the operator's own verdict,
+-- the same fenced write the unwinding consumer races), and one past its schedule_to_close ends failed
+-- (DeadlineExceeded). Rows whose fence fails are left alone.
+WITH i AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(epochs)s::bigint[]) AS t(id, attempt, epoch)
+), verdict AS (
+    SELECT j.id, j.attempt, j.claim_epoch,
+           CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                WHEN j.schedule_to_close IS NOT NULL AND j.schedule_to_close <= now() THEN 'failed'
+                WHEN j.scheduled_at > now() THEN 'scheduled'
+                ELSE 'pending' END AS status
+    FROM taskq.jobs AS j JOIN i ON i.id = j.id
+    WHERE j.status = 'running' AND j.attempt = i.attempt AND j.claim_epoch = i.epoch
+), upd AS (
+    UPDATE taskq.jobs AS j SET
+        status = v.status,
+        interrupt_count = j.interrupt_count + CASE WHEN v.status IN ('pending', 'scheduled') THEN 1 ELSE 0 END,
+        worker_id = CASE WHEN v.status IN ('pending', 'scheduled') THEN NULL ELSE j.worker_id END,
+        lock_expires_at = NULL,
+        cancel_phase = CASE WHEN v.status = 'cancelled' THEN greatest(j.cancel_phase, 2)
+                            WHEN v.status = 'failed' THEN j.cancel_phase ELSE 0 END,
+        finished_at = CASE WHEN v.status IN ('pending', 'scheduled') THEN NULL ELSE now() END,
+        error_class = CASE v.status WHEN 'cancelled' THEN 'CancelledForced'
+                                    WHEN 'failed' THEN 'DeadlineExceeded' ELSE j.error_class END,
+        error_message = CASE v.status
+                            WHEN 'cancelled' THEN 'cancelled by an operator while the worker was shutting down'
+                            WHEN 'failed' THEN 'schedule_to_close passed while the worker was shutting down'
+                            ELSE j.error_message END
+    FROM verdict AS v
+    WHERE j.id = v.id AND j.status = 'running' AND j.claim_epoch = v.claim_epoch
+    RETURNING j.id, j.attempt, j.claim_epoch, v.status
+), att AS (
+    UPDATE taskq.job_attempts AS a SET finished_at = now(),
+        outcome = CASE u.status WHEN 'cancelled' THEN 'cancelled' WHEN 'failed' THEN 'failed'
+                                ELSE 'interrupted' END,
+        error_class = CASE u.status WHEN 'cancelled' THEN 'CancelledForced' WHEN 'failed' THEN 'DeadlineExceeded'
+                                    ELSE 'WorkerShutdown' END,
+        error_message = 'worker shutdown'
+    FROM upd AS u
+    WHERE a.job_id = u.id AND a.claim_epoch = u.claim_epoch
+), ev AS (
+    INSERT INTO taskq.job_events (job_id, kind, from_status, to_status, attempt, worker_id, detail)
+    SELECT u.id, 'state_change', 'running', u.status, u.attempt, %(worker_id)s,
+           jsonb_build_object('cause', 'shutdown', 'released', u.status IN ('pending', 'scheduled'),
+                              'claim_epoch', u.claim_epoch)
+           || CASE WHEN u.status = 'cancelled'
+                   THEN jsonb_build_object('error_class', 'CancelledForced', 'cancel_phase', 2)
+                   ELSE '{}'::jsonb END
+    FROM upd AS u
+)
+SELECT u.id, u.status FROM upd AS u;
+
+-- name: job_progress
+UPDATE taskq.jobs SET progress = %(progress)s::jsonb
+WHERE id = %(id)s AND status = 'running' AND attempt = %(attempt)s AND claim_epoch = %(epoch)s
+RETURNING id;
+
+-- name: job_cancel_escalate
+-- CANCEL_ESCALATION_SQL (spec §3): phase 1 -> 2 on a row we hold, with its event; rowcount 0 = skip.
+WITH upd AS (
+    UPDATE taskq.jobs SET cancel_phase = 2
+    WHERE id = %(id)s AND status = 'running' AND attempt = %(attempt)s AND claim_epoch = %(epoch)s
+      AND cancel_phase = 1
+    RETURNING id, attempt
+), ev AS (
+    INSERT INTO taskq.job_events (job_id, kind, from_status, to_status, attempt, worker_id, detail)
+    SELECT u.id, 'state_change', 'running', 'running', u.attempt, %(worker_id)s,
+           jsonb_build_object('cancel_phase_from', 1, 'cancel_phase_to', 2, 'worker_id', %(worker_id)s::text)
+    FROM upd AS u
+)
+SELECT id FROM upd;
+
+-- name: job_sweep_expired
+-- Reclaim running rows whose lease ran out (their worker died or froze). Verdicts: a cancel was in
+-- flight -> cancelled with NULL marker; deadline passed -> failed; budget left -> scheduled after a
+-- backoff; otherwise crashed. The attempt is never refunded.
+WITH expired AS (
+    SELECT id FROM taskq.jobs
+    WHERE status = 'running' AND lock_expires_at < now()
+    ORDER BY lock_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), verdict AS (
+    SELECT j.id, j.attempt, j.claim_epoch, j.worker_id, j.lock_expires_at,
+           CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                WHEN j.schedule_to_close IS NOT NULL AND j.schedule_to_close <= now() THEN 'failed'
+                WHEN j.attempt < j.max_attempts THEN 'scheduled'
+                ELSE 'crashed' END AS status
+    FROM taskq.jobs AS j JOIN expired AS e ON e.id = j.id
+), upd AS (
+    UPDATE taskq.jobs AS j SET
+        status = v.status,
+        worker_id = CASE WHEN v.status = 'scheduled' THEN NULL ELSE j.worker_id END,
+        lock_expires_at = NULL,
+        cancel_phase = CASE WHEN v.status = 'scheduled' THEN 0 ELSE j.cancel_phase END,
+        finished_at = CASE WHEN v.status = 'scheduled' THEN NULL ELSE now() END,
+        scheduled_at = CASE WHEN v.status = 'scheduled'
+                            THEN now() + least(%(max_delay)s::float8,
+                                               %(base_delay)s::float8 * power(2, greatest(j.attempt - 1, 0)))
+                                         * interval '1 second'
+                            ELSE j.scheduled_at END,
+        error_class = CASE v.status WHEN 'cancelled' THEN NULL WHEN 'failed' THEN 'DeadlineExceeded'
+                                    ELSE 'WorkerCrashed' END,
+        error_message = CASE v.status WHEN 'cancelled' THEN NULL
+                                      WHEN 'failed' THEN 'schedule_to_close passed while its worker was gone'
+                                      ELSE format('worker %%s stopped renewing its lease (lock expired at %%s)',
+                                                  v.worker_id, v.lock_expires_at) END
+    FROM verdict AS v
+    WHERE j.id = v.id
+    RETURNING j.id, v.attempt, v.claim_epoch, v.worker_id, v.status, v.lock_expires_at
+), att AS (
+    UPDATE taskq.job_attempts AS a SET finished_at = now(), outcome = 'crashed', error_class = 'WorkerCrashed',
+        error_message = format('%%s: lease expired at %%s without renewal (worker %%s)',
+                               %(cause)s::text, u.lock_expires_at, u.worker_id)
+    FROM upd AS u
+    WHERE a.job_id = u.id AND a.claim_epoch = u.claim_epoch
+), ev AS (
+    INSERT INTO taskq.job_events (job_id, kind, from_status, to_status, attempt, worker_id, detail)
+    SELECT u.id, 'state_change', 'running', u.status, u.attempt, u.worker_id,
+           jsonb_build_object('cause', %(cause)s::text, 'lock_expired_at', u.lock_expires_at,
+                              'swept_by', %(sweeper_id)s::text, 'claim_epoch', u.claim_epoch)
+    FROM upd AS u
+)
+SELECT u.id, u.status FROM upd AS u;
+
+-- name: job_sweep_deadline
+-- Waiting rows whose schedule_to_close passed before any worker ran them end failed.
+WITH late AS (
+    SELECT id, status AS prev FROM taskq.jobs
+    WHERE status IN ('pending', 'scheduled') AND schedule_to_close IS NOT NULL AND schedule_to_close <= now()
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE taskq.jobs AS j SET status = 'failed', finished_at = now(), error_class = 'DeadlineExceeded',
+        error_message = 'schedule_to_close passed before the job could finish'
+    FROM late AS l WHERE j.id = l.id
+    RETURNING j.id, l.prev, j.attempt
+), ev AS (
+    INSERT INTO taskq.job_events (job_id, kind, from_status, to_status, attempt, detail)
+    SELECT u.id, 'state_change', u.prev, 'failed', u.attempt,
+           jsonb_build_object('error_class', 'DeadlineExceeded', 'swept_by', %(sweeper_id)s::text)
+    FROM upd AS u
+)
+SELECT id FROM upd;
+
+-- name: listen
+LISTEN taskq_jobs; LISTEN taskq_cancel;

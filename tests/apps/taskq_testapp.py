@@ -1,0 +1,50 @@
+"""Actors used by the process-level tests (imported by worker subprocesses via PYTHONPATH)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from pydantic import BaseModel
+
+from taskq import JobContext, actor
+
+
+class Sleep(BaseModel):
+    seconds: float
+    cooperative: bool = True
+
+
+@actor(name="test.sleep")
+async def sleep(payload: Sleep, ctx: JobContext[Sleep]) -> dict[str, float]:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + payload.seconds
+    while loop.time() < deadline:
+        if payload.cooperative and ctx.cancellation_requested:
+            raise asyncio.CancelledError
+        await asyncio.sleep(0.01)
+    return {"slept": payload.seconds}
+
+
+@actor(name="test.sleep_once", max_attempts=1)
+async def sleep_once(payload: Sleep, ctx: JobContext[Sleep]) -> dict[str, float]:
+    await asyncio.sleep(payload.seconds)
+    return {"slept": payload.seconds}
+
+
+@actor(name="test.noop")
+async def noop(payload: int, ctx: JobContext[int]) -> int:
+    return payload
+
+
+@actor(name="test.busy_thread")
+def busy_thread(payload: float, ctx: JobContext[float]) -> float:
+    end = time.monotonic() + payload
+    while time.monotonic() < end:
+        if ctx.cancellation_requested:
+            raise InterruptedError("stopped on request")
+        time.sleep(0.005)
+    return payload
+
+
+actors = [sleep, sleep_once, noop, busy_thread]
