@@ -48,3 +48,20 @@ def busy_thread(payload: float, ctx: JobContext[float]) -> float:
 
 
 actors = [sleep, sleep_once, noop, busy_thread]
+
+
+class Gate(BaseModel):
+    path: str
+
+
+@actor(name="test.gated")
+async def gated(payload: Gate, ctx: JobContext[Gate]) -> dict[str, int]:
+    """Attempt 1 waits until the gate file exists; later attempts return at once."""
+    import os
+
+    while ctx.attempt == 1 and not os.path.exists(payload.path):
+        await asyncio.sleep(0.01)
+    return {"attempt": ctx.attempt}
+
+
+actors.append(gated)
