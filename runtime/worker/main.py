@@ -14,7 +14,7 @@ from taskq.actors.declaration import Actor, ActorRegistry, as_registry
 from taskq.actors.executors import AsyncioExecutor, Executor, ThreadExecutor
 from taskq.backend import Backend
 from taskq.dsn import resolve_dsn
-from taskq.metrics import JOBS_IN_FLIGHT, STALE_WRITES
+from taskq.metrics import JOBS_IN_FLIGHT, LEAKED_THREADS, STALE_WRITES
 from taskq.models import CancelOrigin
 from taskq.settings import WorkerSettings
 from taskq.worker import exitcodes
@@ -72,6 +72,7 @@ class Worker:
         self.ready = threading.Event()
         self._async_executor = AsyncioExecutor()
         self._thread_executor = ThreadExecutor(settings.max_threads)
+        self._process_executor: Executor | None = None
         self.summary: dict[str, list[str]] = {"released": [], "cancelled": [], "held": []}
 
     # -- wiring used by the parts --------------------------------------------------------------
@@ -81,14 +82,36 @@ class Worker:
             return self._async_executor
         if actor.isolation == "thread":
             return self._thread_executor
-        raise NotImplementedError("process isolation is not available yet in this build of taskq")
+        if self._process_executor is None:
+            from taskq.actors.process import ProcessExecutor
+
+            self._process_executor = ProcessExecutor(self.settings)
+        return self._process_executor
+
+    def executors(self) -> list[Executor]:
+        found: list[Executor] = [self._async_executor, self._thread_executor]
+        if self._process_executor is not None:
+            found.append(self._process_executor)
+        return found
+
+    def leaked_threads(self) -> int:
+        return sum(int(getattr(ex, "leaked_threads", 0)) for ex in self.executors())
 
     def slot_freed(self) -> None:
         JOBS_IN_FLIGHT.set(len(self.registry))
         self.dispatcher.wake.set()
 
     def on_abandoned(self, entry: ActiveJob) -> None:
+        """After an abandonment verdict: a thread that never left keeps its slot; too many of them and
+        the worker restarts itself through the normal shutdown path (only process exit frees them)."""
         self.slot_freed()
+        leaked = self.leaked_threads()
+        LEAKED_THREADS.set(leaked)
+        if leaked > self.settings.max_leaked_threads and not self.draining:
+            log.error("%d actor threads leaked (max_leaked_threads=%d): restarting this worker",
+                      leaked, self.settings.max_leaked_threads)
+            self.exit_code = exitcodes.LEAKED_THREADS
+            self.request_shutdown()
 
     def lose_leases(self, why: str) -> None:
         """Self-fencing: our leases are gone, so stop every actor without writing anything."""
@@ -163,6 +186,11 @@ class Worker:
             "sweeper": loop.create_task(self.sweeper.run(), name="taskq-sweeper"),
             "dispatcher": loop.create_task(self.dispatcher.run(), name="taskq-dispatcher"),
         }
+        from taskq.worker.liveness import LivenessReporter
+
+        self.liveness = LivenessReporter.from_env(self)
+        if self.liveness is not None:
+            services["liveness"] = loop.create_task(self.liveness.run(), name="taskq-liveness")
         stop_wait = loop.create_task(self.shutdown_event.wait(), name="taskq-stop-wait")
         self.ready.set()
         cancelled_from_outside = False
@@ -170,7 +198,7 @@ class Worker:
             try:
                 done, _ = await asyncio.wait([stop_wait, *services.values()], return_when=asyncio.FIRST_COMPLETED)
                 for name, task in services.items():
-                    if task in done and name != "dispatcher" and not task.cancelled() and task.exception():
+                    if task in done and not task.cancelled() and task.exception():
                         log.error("worker service %s crashed; shutting down", name, exc_info=task.exception())
                         self.exit_code = exitcodes.ERROR
             except asyncio.CancelledError:
@@ -249,6 +277,11 @@ class Worker:
             task.cancel()
         if self.consumers.tasks:
             await asyncio.wait(self.consumers.tasks, timeout=1.0)
+        for executor in self.executors():
+            try:
+                await executor.reap()
+            except Exception as exc:
+                log.warning("reaping %s failed: %s", type(executor).__name__, exc)
         try:
             await self.store.deregister()
         except Exception as exc:

@@ -8,7 +8,7 @@ from uuid import UUID
 
 import psycopg
 import pytest
-from conftest import running_worker, wait_for
+from testkit import running_worker, wait_for
 from prometheus_client import REGISTRY
 from pydantic import BaseModel
 

@@ -67,7 +67,8 @@ def spawn_worker(dsn: str, tmp_path: Path) -> Iterator[Any]:
         merged = PROCESS_WINDOWS | settings
         args = [sys.executable, "-m", "taskq.worker", app]
         for name, value in merged.items():
-            args += ["--" + name.replace("_", "-"), ",".join(value) if isinstance(value, list) else str(value)]
+            rendered = ",".join(value) if isinstance(value, list) else str(value)
+            args += ["--" + name.replace("_", "-"), rendered]
         env = os.environ | {"TASKQ_DSN": dsn, "PYTHONPATH": APPS}
         log_path = tmp_path / f"worker-{len(procs)}.log"
         with open(log_path, "wb") as log_file:
@@ -82,20 +83,3 @@ def spawn_worker(dsn: str, tmp_path: Path) -> Iterator[Any]:
             os.kill(wp.pid, signal.SIGCONT)
             wp.proc.kill()
             wp.proc.wait(10)
-
-
-def query(dsn: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        cur = conn.execute(sql, params)  # type: ignore[arg-type]
-        return cur.fetchall() if cur.description else []
-
-
-def wait_until(predicate: Any, timeout: float = 15.0, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(interval)

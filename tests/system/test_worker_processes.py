@@ -10,7 +10,7 @@ from typing import Any
 from uuid import UUID
 
 import pytest
-from conftest import query, wait_until
+from testkit import query, wait_until
 
 from taskq.worker import exitcodes
 

@@ -1,0 +1,60 @@
+"""Liveness reports to the supervisor, written from the event loop itself (a stuck loop goes silent).
+
+The supervisor passes the write end of a pipe in env TASKQ_SUPERVISOR_FD; the worker writes one JSON
+line per report: {"pid", "worker_id", "state": "starting"|"ready"|"draining", "in_flight", "queues"}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from taskq.worker.main import Worker
+
+ENV_FD = "TASKQ_SUPERVISOR_FD"
+REPORT_INTERVAL = 0.5
+
+
+class LivenessReporter:
+    def __init__(self, worker: Worker, fd: int) -> None:
+        self.w = worker
+        self.fd = fd
+        os.set_blocking(fd, False)
+
+    @classmethod
+    def from_env(cls, worker: Worker) -> LivenessReporter | None:
+        raw = os.environ.get(ENV_FD)
+        if not raw:
+            return None
+        try:
+            return cls(worker, int(raw))
+        except (ValueError, OSError):
+            return None
+
+    def state(self) -> str:
+        if self.w.draining:
+            return "draining"
+        return "ready" if self.w.listener.connected.is_set() else "starting"
+
+    def report(self) -> None:
+        line = json.dumps({
+            "pid": os.getpid(), "worker_id": self.w.worker_id, "state": self.state(),
+            "in_flight": len(self.w.registry), "queues": self.w.settings.queues,
+        }) + "\n"
+        try:
+            os.write(self.fd, line.encode())
+        except BlockingIOError:
+            pass  # the supervisor is behind; the next report carries the same news
+        except OSError:
+            pass  # the supervisor is gone; the parent-death check stops us
+
+    async def run(self) -> None:
+        interval = min(REPORT_INTERVAL, self.w.settings.worker_timeout / 4)
+        while True:
+            self.report()
+            if os.getppid() == 1:  # our supervisor died and we were re-parented
+                self.w.request_shutdown()
+            await asyncio.sleep(interval)
