@@ -90,6 +90,8 @@ class CancelController:
                     elif entry.task is not None:
                         entry.task.cancel(msg="taskq: forced cancel")
                     log_cancel_phase_change(entry, CancelPhase.COOPERATIVE, CancelPhase.FORCED, self.w.worker_id)
+                # never abandon in the tick that escalated: the forced actor gets at least one tick
+                continue
             if entry.cancel_phase == CancelPhase.FORCED and elapsed >= grace + cleanup:
                 entry.cancel_phase = CancelPhase.ABANDON_PENDING
                 self._pending_abandons.append(entry)
