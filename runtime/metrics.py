@@ -33,3 +33,6 @@ JOBS_SWEPT = Counter("taskq_jobs_swept", "Expired leases reclaimed by the sweepe
 LEAKED_THREADS = Gauge("taskq_leaked_threads", "Actor threads that never left after a forced cancel",
                        multiprocess_mode="livesum")
 WORKER_RESTARTS = Counter("taskq_worker_restarts", "Workers replaced by the supervisor")
+SHUTDOWN_JOBS = Counter(
+    "taskq_shutdown_jobs", "Jobs in flight at a worker shutdown, by what became of them", ["outcome"]
+)

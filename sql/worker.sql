@@ -19,12 +19,20 @@ WHERE last_heartbeat_at < now() - %(dead_after)s::float8 * interval '1 second'
 
 -- name: job_claim
 -- Claim up to %(limit)s due jobs of our queues, most urgent first; one attempts row and one event each.
+-- One ordered index scan per queue (jobs_claim_idx), each stopping after %(limit)s rows: `queue =
+-- ANY(...)` would read and sort the whole backlog on every claim. With several queues the rows a
+-- queue's scan locked but the final LIMIT leaves out are unlocked again at commit, untouched.
 WITH picked AS (
-    SELECT id, status AS prev FROM taskq.jobs
-    WHERE status IN ('pending', 'scheduled') AND queue = ANY(%(queues)s::text[]) AND scheduled_at <= now()
-    ORDER BY priority, scheduled_at, id
+    SELECT c.id, c.prev FROM unnest(%(queues)s::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT id, status AS prev, priority, scheduled_at FROM taskq.jobs
+        WHERE status IN ('pending', 'scheduled') AND queue = q.name AND scheduled_at <= now()
+        ORDER BY priority, scheduled_at, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    ORDER BY c.priority, c.scheduled_at, c.id
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE taskq.jobs AS j SET
         status = 'running',
@@ -87,7 +95,8 @@ WITH i AS (
                             THEN now() + i.retry_delay * interval '1 second' ELSE j.scheduled_at END,
         worker_id = CASE WHEN i.status = 'scheduled' THEN NULL ELSE j.worker_id END,
         lock_expires_at = NULL,
-        cancel_phase = CASE WHEN i.status = 'scheduled' THEN 0 ELSE j.cancel_phase END
+        cancel_phase = CASE WHEN i.status = 'scheduled' THEN 0
+                            WHEN i.error_class = 'CancelledForced' THEN 2 ELSE j.cancel_phase END
     FROM i
     WHERE j.id = i.id AND j.status = 'running' AND j.attempt = i.attempt AND j.claim_epoch = i.epoch
       AND (i.status <> 'cancelled' OR j.cancel_requested_at IS NOT NULL)

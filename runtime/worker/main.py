@@ -14,8 +14,8 @@ from taskq.actors.declaration import Actor, ActorRegistry, as_registry
 from taskq.actors.executors import AsyncioExecutor, Executor, ThreadExecutor
 from taskq.backend import Backend
 from taskq.dsn import resolve_dsn
-from taskq.metrics import JOBS_IN_FLIGHT, LEAKED_THREADS, STALE_WRITES
-from taskq.models import CancelOrigin
+from taskq.metrics import JOBS_IN_FLIGHT, LEAKED_THREADS, SHUTDOWN_JOBS, STALE_WRITES
+from taskq.models import CancelOrigin, CancelPhase
 from taskq.settings import WorkerSettings
 from taskq.worker import exitcodes
 from taskq.worker.cancel import CancelController
@@ -68,12 +68,22 @@ class Worker:
         self.shutdown_active = False
         self.leases_lost = False
         self.exit_code = exitcodes.OK
-        self.shutdown_event: asyncio.Event | None = None
         self.ready = threading.Event()
         self._async_executor = AsyncioExecutor()
         self._thread_executor = ThreadExecutor(settings.max_threads)
         self._process_executor: Executor | None = None
         self.summary: dict[str, list[str]] = {"released": [], "cancelled": [], "held": []}
+        self.shutdown_event = asyncio.Event()
+        self.skip_grace = asyncio.Event()
+        """Set by a second SIGINT: skip what is left of the grace windows."""
+        self.consumers = Consumers(self)
+        self.hooks = Hooks(self)
+        self.controller = CancelController(self)
+        self.heartbeat = Heartbeat(self)
+        self.dispatcher = Dispatcher(self)
+        self.listener = Listener(self, "")
+        self.sweeper = Sweeper(self)
+        self.watchdog = ShutdownWatchdog(settings.effective_shutdown_timeout, self._describe_held)
 
     # -- wiring used by the parts --------------------------------------------------------------
 
@@ -131,8 +141,15 @@ class Worker:
         self.request_shutdown()
 
     def request_shutdown(self) -> None:
-        if self.shutdown_event is not None:
-            self.shutdown_event.set()
+        """The one stop trigger (signals, embedders, the teardown paths): arms the watchdog at once."""
+        self.watchdog.arm()
+        self.shutdown_event.set()
+
+    def on_sigint(self) -> None:
+        if self.shutdown_event.is_set():
+            log.warning("second SIGINT: skipping the rest of the grace windows")
+            self.skip_grace.set()
+        self.request_shutdown()
 
     async def release(self, entries: Sequence[ActiveJob]) -> None:
         """Give interrupted attempts back to the fleet; a row an operator asked to cancel ends
@@ -162,20 +179,13 @@ class Worker:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        self.shutdown_event = asyncio.Event()
         s = self.settings
         dsn = resolve_dsn(s.dsn_value())
         self.backend = await Backend.open(dsn, min_size=2, max_size=max(4, min(20, s.concurrency // 50 + 4)))
         self.store = WorkerStore(self.backend, self.worker_id)
         self.completer = Completer(self.store, give_up_after=s.lock_timeout)
-        self.consumers = Consumers(self)
-        self.hooks = Hooks(self)
-        self.controller = CancelController(self)
-        self.heartbeat = Heartbeat(self)
-        self.dispatcher = Dispatcher(self)
-        self.listener = Listener(self, s.listen_dsn_value() and resolve_dsn(s.listen_dsn_value()) or dsn)
-        self.sweeper = Sweeper(self)
-        self.watchdog = ShutdownWatchdog(s.effective_shutdown_timeout, self._describe_held)
+        listen_dsn = s.listen_dsn_value()
+        self.listener.dsn = resolve_dsn(listen_dsn) if listen_dsn else dsn
         await self.store.register(s.queues, s.concurrency)
         log.info("worker %s started: queues=%s concurrency=%d actors=%s", self.worker_id, s.queues,
                  s.concurrency, self.actors.names())
@@ -219,13 +229,14 @@ class Worker:
         return self.exit_code
 
     async def _shutdown(self) -> None:
-        """Stop claiming; stamp SHUTDOWN and signal; force after the grace; release after the cleanup
-        grace. Heartbeats keep running until the end so every lease stays valid."""
+        """DRAINING -> SIGNALLED -> FORCED -> RELEASING -> EXITING (spec §4, §9). Heartbeats keep
+        running until the end, so every lease stays valid while the phases play out."""
         self.watchdog.arm()
+        s = self.settings
+        # DRAINING: stop claiming at once
         self.draining = True
         self.shutdown_active = True
         self.dispatcher.wake.set()
-        s = self.settings
         log.info("worker %s shutting down with %d jobs in flight", self.worker_id, len(self.registry))
         if self.leases_lost:
             await self._wait_empty(s.cleanup_grace_period)
@@ -234,32 +245,47 @@ class Worker:
             await self.store.mark_stopping()
         except Exception as exc:
             log.warning("could not mark the worker stopping: %s", exc)
+        # SIGNALLED: record why (SHUTDOWN) before setting each cancel event
         for entry in self.registry:
             entry.request_cancel(CancelOrigin.SHUTDOWN)
         await self._wait_empty(s.cancellation_grace_period)
+        # FORCED: the executor's force path; an operator-cancelled job is now a forced cancel
         for entry in self.registry:
             if entry.finishing:
                 continue
+            if entry.cancel_origin is CancelOrigin.OPERATOR and entry.cancel_phase < CancelPhase.FORCED:
+                entry.cancel_phase = CancelPhase.FORCED
             if entry.executor is not None:
                 entry.executor.force_cancel(entry)
             elif entry.task is not None:
                 entry.task.cancel(msg="taskq: shutdown")
         await self._wait_empty(s.cleanup_grace_period)
-        remaining = [e for e in self.registry if not e.finishing]
+        # RELEASING: operator-cancelled rows end cancelled (forced); the rest go back to the fleet.
+        # An actor still executing (a thread stuck in C) keeps its row: releasing it would let a second
+        # execution start beside it; the watchdog ends the process and the sweeper reclaims the row.
+        remaining = [e for e in self.registry if not e.finishing and not self._still_executing(e)]
         if remaining:
             try:
                 await self.release(remaining)
             except Exception as exc:
                 log.error("releasing %d jobs failed (%s); lock expiry will recover them", len(remaining), exc)
         await self._wait_empty(0.5)
-        self.summary["held"] = [str(e.id) for e in self.registry]
+        # EXITING
+        self.summary["held"] = [str(e.id) for e in self.registry if not e.finishing or self._still_executing(e)]
+        for outcome, ids in self.summary.items():
+            SHUTDOWN_JOBS.labels(outcome=outcome).inc(len(ids))
         log.info("worker %s stopped: released=%s cancelled=%s still_held=%s", self.worker_id,
                  self.summary["released"], self.summary["cancelled"], self.summary["held"])
+
+    @staticmethod
+    def _still_executing(entry: ActiveJob) -> bool:
+        probe = getattr(entry.executor, "still_running", None)
+        return bool(probe is not None and probe(entry))
 
     async def _wait_empty(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while loop.time() < deadline:
+        while loop.time() < deadline and not self.skip_grace.is_set():
             if not any(not e.finishing for e in self.registry) and not self.consumers.tasks:
                 return
             self.dispatcher.wake.clear()
@@ -294,8 +320,8 @@ class Worker:
 
 def install_signal_handlers(worker: Worker, loop: asyncio.AbstractEventLoop) -> None:
     """SIGTERM/SIGINT only set the worker's shutdown event; the loop does the work."""
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, worker.request_shutdown)
+    loop.add_signal_handler(signal.SIGTERM, worker.request_shutdown)
+    loop.add_signal_handler(signal.SIGINT, worker.on_sigint)
 
 
 async def worker_main_async(

@@ -65,3 +65,49 @@ async def gated(payload: Gate, ctx: JobContext[Gate]) -> dict[str, int]:
 
 
 actors.append(gated)
+
+
+class Checkpoint(BaseModel):
+    steps: int
+
+
+@actor(name="test.checkpointing")
+async def checkpointing(payload: Checkpoint, ctx: JobContext[Checkpoint]) -> dict[str, int]:
+    """Resumes from its progress; on a shutdown it checkpoints and raises, as spec §4 recommends."""
+    from taskq import CancelOrigin
+
+    start = int(ctx.last_progress["step"]) if ctx.last_progress else 0
+    for step in range(start, payload.steps):
+        if ctx.cancellation_requested and ctx.cancel_origin is CancelOrigin.SHUTDOWN:
+            await ctx.progress({"step": step}, message="interrupted by shutdown")
+            raise asyncio.CancelledError
+        await asyncio.sleep(0.02)
+    return {"resumed_from": start}
+
+
+@actor(name="test.blocked_in_c")
+def blocked_in_c(payload: float, ctx: JobContext[float]) -> float:
+    """A thread actor stuck in one C call: an injected interrupt only lands when it returns."""
+    time.sleep(payload)
+    return payload
+
+
+_hook_calls: list[str] = []
+
+
+def _record_cancel(row: object) -> None:
+    import os
+
+    path = os.environ.get("TASKQ_TEST_HOOK_FILE")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"on_cancel {getattr(row, 'id', '?')}\n")
+
+
+@actor(name="test.sleep_hooked", on_cancel=_record_cancel)
+async def sleep_hooked(payload: Sleep, ctx: JobContext[Sleep]) -> dict[str, float]:
+    await asyncio.sleep(payload.seconds)
+    return {"slept": payload.seconds}
+
+
+actors.extend([checkpointing, blocked_in_c, sleep_hooked])
