@@ -1,0 +1,93 @@
+-- Invariant checks over jobs, job_events and job_attempts (taskq.invariants). Each query returns
+-- the offending rows as (job_id, detail); an empty result means the invariant holds.
+
+-- name: inv_stuck_running
+-- A running row whose lease ran out long ago and that no sweeper reclaimed: a lost job.
+SELECT id AS job_id, format('running, lease expired at %%s', lock_expires_at) AS detail
+FROM taskq.jobs
+WHERE status = 'running' AND lock_expires_at < now() - %(stale_after)s::float8 * interval '1 second';
+
+-- name: inv_terminal_events
+-- Exactly one terminal state_change per terminal job, none for an unfinished one.
+SELECT j.id AS job_id, format('status %%s with %%s terminal state changes', j.status, count(e.id)) AS detail
+FROM taskq.jobs AS j
+LEFT JOIN taskq.job_events AS e
+       ON e.job_id = j.id AND e.kind = 'state_change'
+      AND e.to_status IN ('succeeded', 'failed', 'cancelled', 'crashed', 'abandoned')
+GROUP BY j.id, j.status
+HAVING count(e.id) <> CASE WHEN j.status IN ('succeeded', 'failed', 'cancelled', 'crashed', 'abandoned')
+                           THEN 1 ELSE 0 END;
+
+-- name: inv_success_from_current_attempt
+-- A succeeded row's result came from its latest attempt, and no other attempt claims success.
+SELECT j.id AS job_id,
+       format('attempt %%s succeeded but attempts say %%s', j.attempt,
+              string_agg(a.attempt || ':' || coalesce(a.outcome, 'open'), ',' ORDER BY a.claim_epoch)) AS detail
+FROM taskq.jobs AS j JOIN taskq.job_attempts AS a ON a.job_id = j.id
+GROUP BY j.id, j.attempt, j.status, j.claim_epoch
+HAVING count(*) FILTER (WHERE a.outcome = 'succeeded') <> CASE WHEN j.status = 'succeeded' THEN 1 ELSE 0 END
+    OR (j.status = 'succeeded'
+        AND max(a.claim_epoch) FILTER (WHERE a.outcome = 'succeeded') <> j.claim_epoch);
+
+-- name: inv_cancel_has_request
+-- cancelled and abandoned rows always carry a real cancel request (shutdown never fabricates one).
+SELECT id AS job_id, format('%%s without cancel_requested_at', status) AS detail
+FROM taskq.jobs
+WHERE status IN ('cancelled', 'abandoned') AND cancel_requested_at IS NULL;
+
+-- name: inv_abandoned_not_by_shutdown
+SELECT e.job_id, 'abandoned by a shutdown path' AS detail
+FROM taskq.job_events AS e
+WHERE e.kind = 'state_change' AND e.to_status = 'abandoned' AND e.detail ->> 'cause' = 'shutdown';
+
+-- name: inv_attempts_not_refunded
+-- Every claim wrote one attempts row with the next attempt number: the row's attempt equals the
+-- number of claims, and attempt numbers rise with claim_epoch.
+SELECT j.id AS job_id,
+       format('attempt %%s, claim_epoch %%s, %%s attempt rows, numbers %%s', j.attempt, j.claim_epoch, count(a.*),
+              string_agg(a.attempt::text, ',' ORDER BY a.claim_epoch)) AS detail
+FROM taskq.jobs AS j LEFT JOIN taskq.job_attempts AS a ON a.job_id = j.id
+GROUP BY j.id, j.attempt, j.claim_epoch
+HAVING count(a.*) <> j.attempt OR count(a.*) <> j.claim_epoch
+    OR array_agg(a.attempt ORDER BY a.claim_epoch) FILTER (WHERE a.attempt IS NOT NULL)
+       <> ARRAY(SELECT generate_series(1, j.attempt));
+
+-- name: inv_interrupts_match_releases
+SELECT j.id AS job_id,
+       format('interrupt_count %%s but %%s release events', j.interrupt_count, count(e.id)) AS detail
+FROM taskq.jobs AS j
+LEFT JOIN taskq.job_events AS e
+       ON e.job_id = j.id AND e.kind = 'state_change' AND (e.detail ->> 'released')::boolean
+GROUP BY j.id, j.interrupt_count
+HAVING count(e.id) <> j.interrupt_count;
+
+-- name: inv_timeline_chained
+-- A job that left the queue has a timeline; each state change starts where the previous one ended,
+-- and the last one ends at the row's status.
+WITH changes AS (
+    SELECT e.job_id, e.id, e.at, e.from_status, e.to_status,
+           lag(e.to_status) OVER w AS prev_to, lag(e.at) OVER w AS prev_at
+    FROM taskq.job_events AS e
+    WHERE e.kind = 'state_change'
+    WINDOW w AS (PARTITION BY e.job_id ORDER BY e.id)
+), broken AS (
+    SELECT job_id, format('event %%s goes %%s -> %%s after -> %%s', id, from_status, to_status, prev_to) AS detail
+    FROM changes
+    WHERE (prev_to IS NOT NULL AND from_status <> prev_to) OR (prev_at IS NOT NULL AND at < prev_at)
+), last_change AS (
+    SELECT DISTINCT ON (job_id) job_id, to_status FROM changes ORDER BY job_id, id DESC
+)
+SELECT job_id, detail FROM broken
+UNION ALL
+SELECT j.id, format('row is %%s but its last state change ends at %%s', j.status, coalesce(l.to_status, 'nothing'))
+FROM taskq.jobs AS j LEFT JOIN last_change AS l ON l.job_id = j.id
+WHERE (j.status NOT IN ('pending', 'scheduled') OR j.attempt > 0) AND l.to_status IS DISTINCT FROM j.status;
+
+-- name: inv_summary_status
+SELECT status, count(*) AS n FROM taskq.jobs GROUP BY status ORDER BY status;
+
+-- name: inv_summary_executions
+SELECT attempts, count(*) AS jobs
+FROM (SELECT j.id, count(a.*) AS attempts FROM taskq.jobs AS j
+      LEFT JOIN taskq.job_attempts AS a ON a.job_id = j.id GROUP BY j.id) AS per_job
+GROUP BY attempts ORDER BY attempts;

@@ -1,0 +1,77 @@
+"""The invariant checker finds nothing on a healthy history and names each kind of corruption."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+import pytest
+from testkit import running_worker
+
+from taskq import JobContext, JobFailed, JobsClient, RetryPolicy
+from taskq.actors.declaration import ActorRegistry, actor
+from taskq.invariants import check_invariants
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def report_for(dsn: str):  # type: ignore[no-untyped-def]
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        return await check_invariants(conn, stale_after=0)
+
+
+async def test_a_healthy_history_has_no_violations(dsn: str, client: JobsClient) -> None:
+    reg = ActorRegistry()
+
+    @actor(name="ok", registry=reg)
+    async def ok(payload: int, ctx: JobContext[int]) -> int:
+        return payload
+
+    @actor(name="bad", registry=reg, max_attempts=2, retry=RetryPolicy(base=0.05, jitter=0))
+    async def bad(payload: int, ctx: JobContext[int]) -> int:
+        raise ValueError("no")
+
+    @actor(name="waits", registry=reg)
+    async def waits(payload: int, ctx: JobContext[int]) -> int:
+        await ctx.cancel_event.wait()
+        raise asyncio.CancelledError
+
+    async with running_worker(dsn, reg):
+        handles = [await client.enqueue(ok, i) for i in range(5)]
+        failing = await client.enqueue(bad, 1)
+        waiting = await client.enqueue(waits, 1)
+        queued = await client.enqueue(ok, 9, scheduled_at=__import__("datetime").timedelta(hours=1))
+        for h in handles:
+            await h.wait(timeout=10)
+        with pytest.raises(JobFailed):
+            await failing.wait(timeout=10)
+        await client.cancel(queued.job_id)
+        await client.cancel(waiting.job_id)
+        with pytest.raises(JobFailed):
+            await waiting.wait(timeout=10)
+        stopping = await client.enqueue(waits, 2)
+        while (await stopping.refresh()).status != "running":
+            await asyncio.sleep(0.02)
+    report = await report_for(dsn)
+    assert report.violations == [], report.render()
+    assert report.jobs_by_status == {"succeeded": 5, "failed": 1, "cancelled": 2, "pending": 1}
+
+
+@pytest.mark.parametrize(
+    ("corruption", "invariant"),
+    [
+        ("UPDATE taskq.jobs SET status='succeeded', finished_at=now(), attempt=1, claim_epoch=1", "inv_terminal_events"),
+        ("UPDATE taskq.jobs SET attempt = 0, claim_epoch = 0, status='running', worker_id='w', "
+         "lock_expires_at = now() - interval '1 h'", "inv_stuck_running"),
+        ("UPDATE taskq.jobs SET interrupt_count = 2", "inv_interrupts_match_releases"),
+    ],
+)
+async def test_each_kind_of_corruption_is_reported(
+    dsn: str, client: JobsClient, corruption: str, invariant: str
+) -> None:
+    await client.enqueue("x", 1)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(corruption)  # type: ignore[arg-type]
+    report = await report_for(dsn)
+    assert invariant in {v.invariant for v in report.violations}, report.render()
+    assert "violations: 0" not in report.render()
