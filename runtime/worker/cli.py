@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from typing import Any
 
@@ -28,6 +29,8 @@ def load_app(spec: str) -> ActorRegistry:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise AppImportError(f"APP must look like 'package.module:attribute', got {spec!r}")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # like gunicorn/uvicorn: APP is found from where you run taskq
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:

@@ -1,0 +1,184 @@
+"""How the `taskq` CLI shows things: aligned tables and detail views for people, JSON for scripts.
+
+Pure formatting: takes models, returns text. Nothing here touches the database or the terminal.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel
+
+from taskq.models import BulkCancelResult, CancelResult, JobAttempt, JobEvent, JobRow, JobStatus
+
+MAX_CELL = 48
+NONE = "-"
+
+
+def to_json(value: BaseModel | Sequence[BaseModel] | dict[str, Any]) -> str:
+    """Models as indented JSON, the shape `model_dump(mode="json")` gives (UUIDs and times as strings)."""
+    return json.dumps(_plain(value), indent=2, ensure_ascii=False)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def when(value: datetime | None, *, precise: bool = False) -> str:
+    """A timestamp in UTC, to the second (or millisecond), or "-" for none."""
+    if value is None:
+        return NONE
+    utc = value.astimezone(UTC)
+    text = utc.strftime("%Y-%m-%d %H:%M:%S")
+    return f"{text}.{utc.microsecond // 1000:03d}" if precise else text
+
+
+def _cell(value: object, *, cut: bool = True) -> str:
+    text = NONE if value is None or value == "" else " ".join(str(value).split())
+    return text if not cut or len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Left-aligned columns two spaces apart, sized to their widest cell; long cells are cut, except in
+    the last column, which has room to run on."""
+    last = len(headers) - 1
+    cells = [[_cell(v, cut=i < last) for i, v in enumerate(row)] for row in rows]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
+    lines = [headers, *cells]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines
+    )
+
+
+JOB_COLUMNS = ("id", "actor", "queue", "status", "attempt", "created (UTC)", "error_class")
+
+
+def jobs_table(rows: Sequence[JobRow], *, limit: int) -> str:
+    if not rows:
+        return "no matching jobs"
+    body = table(
+        JOB_COLUMNS,
+        [
+            (r.id, r.actor, r.queue, r.status.value, f"{r.attempt}/{r.max_attempts}", when(r.created_at),
+             r.error_class)
+            for r in rows
+        ],
+    )
+    if len(rows) >= limit:
+        body += f"\n(showing the newest {limit}; raise --limit or narrow the filters to see others)"
+    return body
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+
+
+def job_detail(row: JobRow, events: Sequence[JobEvent], attempts: Sequence[JobAttempt]) -> str:
+    """One job as a person reads it: the row, then its timeline, then its attempts."""
+    error = NONE
+    if row.error_class or row.error_message:
+        error = ": ".join(p for p in (row.error_class, row.error_message) if p)
+    cancel = NONE
+    if row.cancel_requested_at is not None:
+        cancel = f"requested {when(row.cancel_requested_at)} UTC, phase {row.cancel_phase}"
+        if row.cancel_reason:
+            cancel += f", reason: {row.cancel_reason}"
+    fields: list[tuple[str, str]] = [
+        ("job", str(row.id)),
+        ("actor", row.actor),
+        ("queue", row.queue),
+        ("status", row.status.value),
+        ("error", error),
+        ("attempt", f"{row.attempt} of {row.max_attempts} (claim epoch {row.claim_epoch}, "
+                    f"interrupted {row.interrupt_count} times)"),
+        ("priority", str(row.priority)),
+        ("tags", ", ".join(row.tags) or NONE),
+        ("created", when(row.created_at)),
+        ("scheduled", when(row.scheduled_at)),
+        ("started", when(row.started_at)),
+        ("finished", when(row.finished_at)),
+        ("deadline", when(row.schedule_to_close)),
+        ("worker", row.worker_id or NONE),
+        ("lease until", when(row.lock_expires_at)),
+        ("cancel", cancel),
+        ("parent", str(row.parent_id) if row.parent_id else NONE),
+        ("payload", _compact(row.payload)),
+        ("result", _compact(row.result)),
+        ("progress", _compact(row.progress)),
+    ]
+    width = max(len(name) for name, _ in fields)
+    lines = [f"{name.ljust(width)}  {value}" for name, value in fields]
+    lines.append("(times in UTC)")
+    lines.append("")
+    lines.append(f"events ({len(events)})")
+    if events:
+        lines.append(_indent(table(
+            ("at (UTC)", "kind", "change", "attempt", "worker", "detail"),
+            [
+                (when(e.at, precise=True), e.kind, _transition(e), e.attempt, e.worker_id,
+                 _compact(e.detail) if e.detail else None)
+                for e in events
+            ],
+        )))
+    lines.append("")
+    lines.append(f"attempts ({len(attempts)})")
+    if attempts:
+        lines.append(_indent(table(
+            ("attempt", "epoch", "worker", "started (UTC)", "finished (UTC)", "outcome", "error_class"),
+            [
+                (a.attempt, a.claim_epoch, a.worker_id, when(a.started_at), when(a.finished_at), a.outcome,
+                 a.error_class)
+                for a in attempts
+            ],
+        )))
+    return "\n".join(lines)
+
+
+def _transition(event: JobEvent) -> str | None:
+    if event.from_status is None and event.to_status is None:
+        return None
+    return f"{event.from_status or '?'} -> {event.to_status or '?'}"
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
+
+
+def cancel_summary(result: CancelResult) -> str:
+    """What one `taskq cancel ID` did, in words, with the raw fields on the first line."""
+    head = (
+        f"job {result.job_id}: {result.previous_status.value} -> {result.new_status.value}, "
+        f"cancellation_initiated={str(result.cancellation_initiated).lower()}"
+    )
+    if result.cancellation_initiated and result.new_status is JobStatus.CANCELLED:
+        note = "cancelled before it started"
+    elif result.cancellation_initiated:
+        note = "cancel requested: its worker will stop it (see `taskq job ID`)"
+    elif result.new_status.is_terminal:
+        note = f"nothing to do: the job had already ended {result.new_status.value}"
+    else:
+        note = "nothing new: a cancel request for this job is already in flight"
+    return f"{head}\n{note}"
+
+
+def bulk_cancel_summary(result: BulkCancelResult) -> str:
+    """Counts by the status each job had before the cancel."""
+    if result.total == 0:
+        return "no unfinished job matched: nothing cancelled"
+    order = [s for s in JobStatus if s in result.by_previous_status]
+    rows: list[tuple[object, ...]] = [(s.value, result.by_previous_status[s]) for s in order]
+    rows.append(("total", result.total))
+    text = table(("previous status", "jobs"), rows)
+    return (
+        f"{text}\n{result.cancelled_before_start} cancelled before start, "
+        f"{result.running_requested} running asked to stop"
+    )
