@@ -475,9 +475,10 @@ COMMANDS: tuple[Command, ...] = (
         "worker", cmd_worker, "run one worker in the foreground",
         (APP_ARG, *settings_args()),
         description="Run one worker process: claims jobs of its queues and runs APP's actors. SIGTERM or "
-        "SIGINT release in-flight jobs back to the queue (a second SIGINT skips the grace). Worker exit codes: "
-        "0 clean stop, 10 APP not importable, 12 leases lost (database unreachable for lock_timeout), "
-        "13 shutdown watchdog fired, 14 restarted to reclaim leaked actor threads.",
+        "SIGINT release in-flight jobs back to the queue (a second SIGINT skips the grace). "
+        "Worker exit codes: 0 clean stop, 10 APP not importable, "
+        "12 leases lost (database unreachable for lock_timeout), 13 shutdown watchdog fired, "
+        "14 restarted to reclaim leaked actor threads.",
     ),
 )
 
