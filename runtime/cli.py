@@ -217,6 +217,8 @@ class Command:
     help: str
     args: tuple[Arg, ...] = ()
     description: str | None = None
+    configure: Callable[[argparse.ArgumentParser], None] | None = None
+    """For commands whose arguments another module declares (`run`: the supervisor's)."""
 
 
 JSON_ARG = arg("--json", action="store_true", help="print JSON for scripts instead of text")
@@ -419,6 +421,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return worker_main(settings, registry)
 
 
+def configure_run(parser: argparse.ArgumentParser) -> None:
+    from taskq.supervisor.main import add_run_arguments
+
+    add_run_arguments(parser)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """The supervisor: it forks its workers before any event loop exists, so nothing async runs here."""
+    from taskq.supervisor.main import supervisor_command
+
+    return supervisor_command(args)
+
+
 APP_ARG = arg("app", metavar="APP", help="module:attribute naming a list or registry of actors "
               "(the current directory is importable, as with gunicorn and uvicorn)")
 
@@ -480,6 +495,13 @@ COMMANDS: tuple[Command, ...] = (
         "12 leases lost (database unreachable for lock_timeout), 13 shutdown watchdog fired, "
         "14 restarted to reclaim leaked actor threads.",
     ),
+    Command(
+        "run", cmd_run, "run the supervisor: N workers as a production service (systemd Type=notify)",
+        configure=configure_run,
+        description="Fork N workers and keep them alive: liveness checks, restarts with backoff, rolling "
+        "restart on SIGHUP, SIGTTIN/SIGTTOU to add/remove a worker, sd_notify, and /metrics, /healthz, "
+        "/readyz on metrics_host:metrics_port. See docs/deploy.md.",
+    ),
 )
 
 
@@ -519,6 +541,8 @@ def build_parser(commands: Sequence[Command] = COMMANDS) -> Parser:
         )
         for a in command.args:
             p.add_argument(*a.flags, **a.options)
+        if command.configure is not None:
+            command.configure(p)
         p.set_defaults(handler=command.run)
     return parser
 

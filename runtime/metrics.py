@@ -27,7 +27,7 @@ HEARTBEAT_TICK = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
 HEARTBEAT_FAILURES = Gauge(
-    "taskq_heartbeat_consecutive_failures", "Heartbeat ticks failed in a row", multiprocess_mode="max"
+    "taskq_heartbeat_consecutive_failures", "Heartbeat ticks failed in a row", multiprocess_mode="livemax"
 )
 JOBS_SWEPT = Counter("taskq_jobs_swept", "Expired leases reclaimed by the sweeper, by verdict", ["verdict"])
 LEAKED_THREADS = Gauge("taskq_leaked_threads", "Actor threads that never left after a forced cancel",

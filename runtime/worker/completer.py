@@ -24,13 +24,23 @@ class Completer:
         self._queue: list[tuple[Finish, asyncio.Future[bool]]] = []
         self._wake = asyncio.Event()
         self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def finish(self, item: Finish) -> bool:
-        """Queue one outcome and wait for its write. True if the fence held (the row changed)."""
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        """Queue one outcome and wait for its write. True if the fence held (the row changed).
+
+        A caller cancelled while it waits cancels only its own wait: the outcome stays queued and is
+        written anyway (the future it awaited is simply not resolved)."""
+        # once per worker, not per job: get_running_loop() costs a getpid() system call each time
+        loop = self._loop or self._bind_loop()
+        future: asyncio.Future[bool] = loop.create_future()
         self._queue.append((item, future))
         self._wake.set()
-        return await asyncio.shield(future)
+        return await future
+
+    def _bind_loop(self) -> asyncio.AbstractEventLoop:
+        self._loop = asyncio.get_running_loop()
+        return self._loop
 
     async def run(self) -> None:
         while True:

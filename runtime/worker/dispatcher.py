@@ -46,9 +46,12 @@ class Dispatcher:
             if self.w.draining:  # stop arrived during the claim: run nothing new, give the rows back
                 await self.w.release_unstarted(jobs)
                 return
+            claimed: dict[str, int] = {}
             for job in jobs:
-                JOBS_CLAIMED.labels(queue=job.queue).inc()
+                claimed[job.queue] = claimed.get(job.queue, 0) + 1
                 self.w.consumers.spawn(job)
+            for queue, count in claimed.items():  # one labelled increment per queue, not per job
+                JOBS_CLAIMED.labels(queue=queue).inc(count)
             if len(jobs) < want:
                 try:
                     await asyncio.wait_for(self.wake.wait(), s.poll_interval)

@@ -22,6 +22,7 @@ class LivenessReporter:
     def __init__(self, worker: Worker, fd: int) -> None:
         self.w = worker
         self.fd = fd
+        self.parent = os.getppid()
         os.set_blocking(fd, False)
 
     @classmethod
@@ -37,7 +38,9 @@ class LivenessReporter:
     def state(self) -> str:
         if self.w.draining:
             return "draining"
-        return "ready" if self.w.listener.connected.is_set() else "starting"
+        # ready once LISTEN is up, or once a heartbeat went through (no LISTEN behind a pooler)
+        ready = self.w.listener.connected.is_set() or self.w.heartbeat.ticks > 0
+        return "ready" if ready else "starting"
 
     def report(self) -> None:
         line = json.dumps({
@@ -55,6 +58,6 @@ class LivenessReporter:
         interval = min(REPORT_INTERVAL, self.w.settings.worker_timeout / 4)
         while True:
             self.report()
-            if os.getppid() == 1:  # our supervisor died and we were re-parented
+            if os.getppid() != self.parent:  # our supervisor died and we were re-parented
                 self.w.request_shutdown()
             await asyncio.sleep(interval)

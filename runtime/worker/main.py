@@ -91,6 +91,12 @@ class Worker:
         if actor.isolation == "async":
             return self._async_executor
         if actor.isolation == "thread":
+            if self._thread_executor.on_leak_change is None:
+                # a thread stuck after a forced stop the ladder does not own (timeout, lost lease) is given
+                # up after the cleanup grace, and counted toward max_leaked_threads like an abandonment
+                self._thread_executor.configure(
+                    cleanup_grace_period=self.settings.cleanup_grace_period, on_leak_change=self.on_abandoned
+                )
             return self._thread_executor
         if self._process_executor is None:
             from taskq.actors.process import ProcessExecutor
@@ -220,10 +226,17 @@ class Worker:
             await self._shutdown()
         finally:
             stop_wait.cancel()
+            # the completer stops last: cancelling it mid-write could drop the batch it holds
+            completer = services.pop("completer")
             for task in services.values():
                 task.cancel()
             await asyncio.gather(*services.values(), stop_wait, return_exceptions=True)
-            await self._close()
+            try:
+                await self.completer.drain()
+            finally:
+                completer.cancel()
+                await asyncio.gather(completer, return_exceptions=True)
+                await self._close()
         if cancelled_from_outside:
             raise asyncio.CancelledError
         return self.exit_code

@@ -94,11 +94,16 @@ class WorkerStore:
         self, conn: AsyncConnection[Any], held: Sequence[tuple[UUID, int]], lock_timeout: float
     ) -> tuple[dict[UUID, HeldRow], bool]:
         """Inside the caller's transaction: renew leases, touch the workers row, read cancel flags.
-        Returns the rows still held and whether our workers row exists."""
+        Returns the rows still held and whether our workers row exists.
+
+        Never prepared: a generic plan cannot see how many ids the array holds and, since it also
+        underestimates `worker_id = $1`, joins them in a nested loop, quadratic in the jobs held
+        (250 ms at 1,000 held instead of 11 ms). Planning once per tick is cheap."""
         cur = await conn.execute(
             sql.query("heartbeat"),
             {"worker_id": self.worker_id, "lock_timeout": lock_timeout,
              "ids": [h[0] for h in held], "epochs": [h[1] for h in held]},
+            prepare=False,
         )
         rows = await cur.fetchall()
         alive = bool(rows and rows[0][3])

@@ -21,9 +21,13 @@ QUIET_HEARTBEAT = {"heartbeat_interval": 5.0, "lock_timeout": 30.0}
 
 
 def transitions(from_phase: int, to_phase: int) -> float:
-    return REGISTRY.get_sample_value(
-        "taskq_cancellation_phase_transitions_total", {"from_phase": str(from_phase), "to_phase": str(to_phase)}
-    ) or 0.0
+    return (
+        REGISTRY.get_sample_value(
+            "taskq_cancellation_phase_transitions_total",
+            {"from_phase": str(from_phase), "to_phase": str(to_phase)},
+        )
+        or 0.0
+    )
 
 
 async def sql(client: JobsClient, query: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -37,7 +41,9 @@ async def terminal_events(client: JobsClient, job_id: Any) -> list[str | None]:
     return [e.to_status for e in await client.events(job_id) if e.to_status in terminal]
 
 
-async def test_cooperative_exit_ends_cancelled_cooperatively_with_markers_everywhere(client: JobsClient) -> None:
+async def test_cooperative_exit_ends_cancelled_cooperatively_with_markers_everywhere(
+    client: JobsClient,
+) -> None:
     reg = ActorRegistry()
     started = asyncio.Event()
     hook_rows: list[JobRow] = []
@@ -109,10 +115,15 @@ async def test_stubborn_actor_is_forced_at_phase_two_after_the_escalation_write(
         with pytest.raises(JobFailed) as failed:
             await handle.wait(timeout=10)
     row = failed.value.row
-    assert row.status is JobStatus.CANCELLED and row.error_class == "CancelledForced" and row.cancel_phase == 2
+    assert (
+        row.status is JobStatus.CANCELLED and row.error_class == "CancelledForced" and row.cancel_phase == 2
+    )
     escalation = [e for e in await client.events(handle.job_id) if e.detail.get("cancel_phase_to") == 2]
     assert len(escalation) == 1
-    assert escalation[0].detail["cancel_phase_from"] == 1 and escalation[0].detail["worker_id"] == worker.worker_id
+    assert (
+        escalation[0].detail["cancel_phase_from"] == 1
+        and escalation[0].detail["worker_id"] == worker.worker_id
+    )
     assert transitions(1, 2) == before + 1
 
 
@@ -145,7 +156,9 @@ async def test_swallowed_cancellation_is_abandoned_after_both_graces(client: Job
     assert transitions(2, 3) == before + 1 and hook == []
 
 
-async def test_phase_two_written_by_another_worker_fast_advances_without_escalating(client: JobsClient) -> None:
+async def test_phase_two_written_by_another_worker_fast_advances_without_escalating(
+    client: JobsClient,
+) -> None:
     reg = ActorRegistry()
     started = asyncio.Event()
 
@@ -161,8 +174,11 @@ async def test_phase_two_written_by_another_worker_fast_advances_without_escalat
         await asyncio.wait_for(started.wait(), 10)
         entry = worker.registry.get(handle.job_id)
         assert entry is not None
-        await sql(client, "UPDATE taskq.jobs SET cancel_phase = 2, cancel_requested_at = now() WHERE id = %s",
-                  handle.job_id)
+        await sql(
+            client,
+            "UPDATE taskq.jobs SET cancel_phase = 2, cancel_requested_at = now() WHERE id = %s",
+            handle.job_id,
+        )
         with pytest.raises(JobFailed) as failed:
             await handle.wait(timeout=10)
     assert entry.cancel_phase == CancelPhase.FORCED
@@ -186,12 +202,15 @@ async def test_failed_escalation_write_never_cancels_the_task(client: JobsClient
             raise
         return 0
 
-    await sql(client, """
+    await sql(
+        client,
+        """
         CREATE FUNCTION taskq.refuse_phase_two() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN RAISE EXCEPTION 'phase 2 refused by the test'; END $$;
         CREATE TRIGGER refuse_phase_two BEFORE UPDATE OF cancel_phase ON taskq.jobs
         FOR EACH ROW WHEN (NEW.cancel_phase = 2) EXECUTE FUNCTION taskq.refuse_phase_two();
-    """)
+    """,
+    )
     async with running_worker(client.backend.dsn, reg, lock_timeout=10.0) as worker:
         handle = await client.enqueue(stubborn2, 1)
         await asyncio.wait_for(started.wait(), 10)
@@ -207,7 +226,9 @@ async def test_failed_escalation_write_never_cancels_the_task(client: JobsClient
     assert failed.value.row.error_class == "CancelledForced"
 
 
-async def test_cancel_arriving_as_the_actor_returns_gives_exactly_one_terminal_write(client: JobsClient) -> None:
+async def test_cancel_arriving_as_the_actor_returns_gives_exactly_one_terminal_write(
+    client: JobsClient,
+) -> None:
     reg = ActorRegistry()
     go = asyncio.Event()
     started = asyncio.Event()
@@ -243,8 +264,12 @@ async def all_running(client: JobsClient, handles: list[Any]) -> bool:
 async def test_cancel_racing_a_crash_reclaim_ends_cancelled_exactly_once(client: JobsClient) -> None:
     handles = [await client.enqueue("gone.actor", i) for i in range(20)]
     for h in handles:
-        await sql(client, "UPDATE taskq.jobs SET status='running', attempt=1, claim_epoch=1, worker_id='dead', "
-                          "started_at=now(), lock_expires_at=now() - interval '1 s' WHERE id = %s", h.job_id)
+        await sql(
+            client,
+            "UPDATE taskq.jobs SET status='running', attempt=1, claim_epoch=1, worker_id='dead', "
+            "started_at=now(), lock_expires_at=now() - interval '1 s' WHERE id = %s",
+            h.job_id,
+        )
     async with running_worker(client.backend.dsn, ActorRegistry(), queues=["elsewhere"]) as worker:
         await asyncio.gather(worker.sweeper.sweep_once(), *(client.cancel(h.job_id) for h in handles))
     for h in handles:
@@ -313,7 +338,9 @@ async def test_heartbeat_poll_delivers_the_cancel_when_listen_is_down(client: Jo
         raise asyncio.CancelledError
 
     unreachable = "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1"
-    async with running_worker(client.backend.dsn, reg, listen_dsn=unreachable, heartbeat_interval=0.2) as worker:
+    async with running_worker(
+        client.backend.dsn, reg, listen_dsn=unreachable, heartbeat_interval=0.2
+    ) as worker:
         handle = await client.enqueue(deaf, 1)
         await asyncio.wait_for(started.wait(), 10)
         assert not worker.listener.connected.is_set()
@@ -323,7 +350,9 @@ async def test_heartbeat_poll_delivers_the_cancel_when_listen_is_down(client: Jo
     assert failed.value.row.error_class == "CancelledCooperatively"
 
 
-async def test_late_notification_for_an_older_attempt_never_touches_the_current_one(client: JobsClient) -> None:
+async def test_late_notification_for_an_older_attempt_never_touches_the_current_one(
+    client: JobsClient,
+) -> None:
     reg = ActorRegistry()
     started = asyncio.Event()
 

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
+from typing import Any
 
 import psycopg
 import pytest
-from testkit import running_worker
+from testkit import running_worker, wait_for
 
 from taskq import JobContext, JobFailed, JobsClient, RetryPolicy
 from taskq.actors.declaration import ActorRegistry, actor
 from taskq.invariants import check_invariants
 
 pytestmark = pytest.mark.timeout(60)
+
+
+async def running(handle: Any) -> bool:
+    return bool((await handle.refresh()).status == "running")
 
 
 async def report_for(dsn: str):  # type: ignore[no-untyped-def]
@@ -40,7 +46,7 @@ async def test_a_healthy_history_has_no_violations(dsn: str, client: JobsClient)
         handles = [await client.enqueue(ok, i) for i in range(5)]
         failing = await client.enqueue(bad, 1)
         waiting = await client.enqueue(waits, 1)
-        queued = await client.enqueue(ok, 9, scheduled_at=__import__("datetime").timedelta(hours=1))
+        queued = await client.enqueue(ok, 9, scheduled_at=timedelta(hours=1))
         for h in handles:
             await h.wait(timeout=10)
         with pytest.raises(JobFailed):
@@ -50,8 +56,7 @@ async def test_a_healthy_history_has_no_violations(dsn: str, client: JobsClient)
         with pytest.raises(JobFailed):
             await waiting.wait(timeout=10)
         stopping = await client.enqueue(waits, 2)
-        while (await stopping.refresh()).status != "running":
-            await asyncio.sleep(0.02)
+        await wait_for(lambda: running(stopping))
     report = await report_for(dsn)
     assert report.violations == [], report.render()
     assert report.jobs_by_status == {"succeeded": 5, "failed": 1, "cancelled": 2, "pending": 1}
@@ -60,9 +65,15 @@ async def test_a_healthy_history_has_no_violations(dsn: str, client: JobsClient)
 @pytest.mark.parametrize(
     ("corruption", "invariant"),
     [
-        ("UPDATE taskq.jobs SET status='succeeded', finished_at=now(), attempt=1, claim_epoch=1", "inv_terminal_events"),
-        ("UPDATE taskq.jobs SET attempt = 0, claim_epoch = 0, status='running', worker_id='w', "
-         "lock_expires_at = now() - interval '1 h'", "inv_stuck_running"),
+        (
+            "UPDATE taskq.jobs SET status='succeeded', finished_at=now(), attempt=1, claim_epoch=1",
+            "inv_terminal_events",
+        ),
+        (
+            "UPDATE taskq.jobs SET attempt = 0, claim_epoch = 0, status='running', worker_id='w', "
+            "lock_expires_at = now() - interval '1 h'",
+            "inv_stuck_running",
+        ),
         ("UPDATE taskq.jobs SET interrupt_count = 2", "inv_interrupts_match_releases"),
     ],
 )

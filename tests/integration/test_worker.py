@@ -8,9 +8,9 @@ from uuid import UUID
 
 import psycopg
 import pytest
-from testkit import running_worker, wait_for
 from prometheus_client import REGISTRY
 from pydantic import BaseModel
+from testkit import running_worker, wait_for
 
 from taskq import JobContext, JobFailed, JobsClient, NonRetryableError, RetryPolicy
 from taskq.actors.declaration import ActorRegistry, actor
@@ -48,7 +48,10 @@ async def test_async_actor_result_is_stored_with_attempt_and_events(dsn: str, cl
     assert row.status is JobStatus.SUCCEEDED and row.result == 5 and handle.result() == 5
     assert row.attempt == 1 and row.claim_epoch == 1 and row.lock_expires_at is None
     events = await client.events(handle.job_id)
-    assert [(e.from_status, e.to_status) for e in events] == [("pending", "running"), ("running", "succeeded")]
+    assert [(e.from_status, e.to_status) for e in events] == [
+        ("pending", "running"),
+        ("running", "succeeded"),
+    ]
     attempts = await client.attempts(handle.job_id)
     assert [(a.attempt, a.outcome) for a in attempts] == [(1, "succeeded")]
 
@@ -62,8 +65,13 @@ async def test_failing_actor_retries_with_backoff_until_failed_and_runs_on_retry
     async def on_exhausted(row: JobRow) -> None:
         exhausted.append(row)
 
-    @actor(name="flaky", registry=reg, max_attempts=3, retry=RetryPolicy(base=0.2, factor=2, jitter=0),
-           on_retry_exhausted=on_exhausted)
+    @actor(
+        name="flaky",
+        registry=reg,
+        max_attempts=3,
+        retry=RetryPolicy(base=0.2, factor=2, jitter=0),
+        on_retry_exhausted=on_exhausted,
+    )
     async def flaky(payload: int, ctx: JobContext[int]) -> int:
         raise ValueError(f"bad luck on attempt {ctx.attempt}")
 
@@ -96,7 +104,9 @@ async def test_non_retryable_error_fails_at_once(dsn: str, client: JobsClient) -
     assert failed.value.row.attempt == 1 and failed.value.row.error_class == "NonRetryableError"
 
 
-async def test_schedule_to_close_ends_a_running_job_with_deadline_exceeded(dsn: str, client: JobsClient) -> None:
+async def test_schedule_to_close_ends_a_running_job_with_deadline_exceeded(
+    dsn: str, client: JobsClient
+) -> None:
     reg = ActorRegistry()
 
     @actor(name="forever", registry=reg)
@@ -112,7 +122,9 @@ async def test_schedule_to_close_ends_a_running_job_with_deadline_exceeded(dsn: 
     assert failed.value.row.error_class == "DeadlineExceeded"
 
 
-async def test_attempt_timeout_forces_the_attempt_and_counts_as_a_failure(dsn: str, client: JobsClient) -> None:
+async def test_attempt_timeout_forces_the_attempt_and_counts_as_a_failure(
+    dsn: str, client: JobsClient
+) -> None:
     reg = ActorRegistry()
 
     @actor(name="slowpoke", registry=reg, timeout=0.2, max_attempts=2, retry=RetryPolicy(base=0.05, jitter=0))
@@ -183,7 +195,9 @@ async def test_unserialisable_result_fails_with_result_invalid(dsn: str, client:
     assert failed.value.row.error_class == "ResultInvalid" and failed.value.row.attempt == 1
 
 
-async def test_child_jobs_carry_parent_id_and_their_handles_have_no_client(dsn: str, client: JobsClient) -> None:
+async def test_child_jobs_carry_parent_id_and_their_handles_have_no_client(
+    dsn: str, client: JobsClient
+) -> None:
     reg = ActorRegistry()
     child_ids: list[UUID] = []
     errors: list[str] = []
@@ -229,9 +243,12 @@ async def test_fenced_out_write_changes_nothing_and_is_counted(dsn: str, client:
         handle = await client.enqueue(zombie, 1)
         await asyncio.wait_for(started.wait(), 10)
         # another attempt takes the row over behind this worker's back, then finishes it
-        await fetch_all(dsn, "UPDATE taskq.jobs SET attempt = attempt + 1, claim_epoch = claim_epoch + 1, "
-                             "status = 'succeeded', finished_at = now(), result = '\"real\"' WHERE id = %s",
-                        handle.job_id)
+        await fetch_all(
+            dsn,
+            "UPDATE taskq.jobs SET attempt = attempt + 1, claim_epoch = claim_epoch + 1, "
+            "status = 'succeeded', finished_at = now(), result = '\"real\"' WHERE id = %s",
+            handle.job_id,
+        )
         release.set()
         await wait_for(lambda: stale_writes() > before, timeout=10)
     row = await handle.refresh()
@@ -259,8 +276,11 @@ async def test_heartbeat_stops_a_local_actor_whose_lease_was_lost_without_writin
     async with running_worker(dsn, reg):
         handle = await client.enqueue(victim, 1)
         await asyncio.wait_for(started.wait(), 10)
-        await fetch_all(dsn, "UPDATE taskq.jobs SET claim_epoch = claim_epoch + 1, worker_id = 'someone-else' "
-                             "WHERE id = %s", handle.job_id)
+        await fetch_all(
+            dsn,
+            "UPDATE taskq.jobs SET claim_epoch = claim_epoch + 1, worker_id = 'someone-else' WHERE id = %s",
+            handle.job_id,
+        )
         await asyncio.wait_for(cancelled.wait(), 5)
         await asyncio.sleep(0)  # let the consumer unwind
     row = await handle.refresh()
@@ -295,13 +315,24 @@ async def test_sweeper_reclaims_expired_leases_with_the_right_verdicts(dsn: str,
     last = await client.enqueue("gone.actor", 2, max_attempts=1)
     with_cancel = await client.enqueue("gone.actor", 3, max_attempts=3)
     for h in (retry, last, with_cancel):
-        await fetch_all(dsn, "UPDATE taskq.jobs SET status='running', attempt=attempt+1, claim_epoch=claim_epoch+1, "
-                             "worker_id='dead-worker', started_at=now(), lock_expires_at=now() - interval '1 s' "
-                             "WHERE id = %s", h.job_id)
-        await fetch_all(dsn, "INSERT INTO taskq.job_attempts (job_id, attempt, claim_epoch, worker_id) "
-                             "VALUES (%s, 1, 1, 'dead-worker')", h.job_id)
-    await fetch_all(dsn, "UPDATE taskq.jobs SET cancel_phase = 1, cancel_requested_at = now() WHERE id = %s",
-                    with_cancel.job_id)
+        await fetch_all(
+            dsn,
+            "UPDATE taskq.jobs SET status='running', attempt=attempt+1, claim_epoch=claim_epoch+1, "
+            "worker_id='dead-worker', started_at=now(), lock_expires_at=now() - interval '1 s' "
+            "WHERE id = %s",
+            h.job_id,
+        )
+        await fetch_all(
+            dsn,
+            "INSERT INTO taskq.job_attempts (job_id, attempt, claim_epoch, worker_id) "
+            "VALUES (%s, 1, 1, 'dead-worker')",
+            h.job_id,
+        )
+    await fetch_all(
+        dsn,
+        "UPDATE taskq.jobs SET cancel_phase = 1, cancel_requested_at = now() WHERE id = %s",
+        with_cancel.job_id,
+    )
     reg = ActorRegistry()
     async with running_worker(dsn, reg, queues=["elsewhere"]) as worker:
         swept = await worker.sweeper.sweep_once()
@@ -317,7 +348,9 @@ async def test_sweeper_reclaims_expired_leases_with_the_right_verdicts(dsn: str,
         assert (await client.events(h.job_id))[-1].detail["cause"] == "lock_expired"
 
 
-async def test_shutdown_releases_a_running_job_without_refunding_the_attempt(dsn: str, client: JobsClient) -> None:
+async def test_shutdown_releases_a_running_job_without_refunding_the_attempt(
+    dsn: str, client: JobsClient
+) -> None:
     reg = ActorRegistry()
     started = asyncio.Event()
 

@@ -116,7 +116,8 @@ def test_frozen_worker_late_write_is_fenced_out_and_counted(dsn: str, spawn_work
 
 
 def test_two_workers_run_each_of_2000_jobs_exactly_once(dsn: str, spawn_worker: Any) -> None:
-    query(dsn, "INSERT INTO taskq.jobs (actor, payload) SELECT 'test.noop', to_jsonb(g) FROM generate_series(1, 2000) g")
+    query(dsn, "INSERT INTO taskq.jobs (actor, payload) "
+               "SELECT 'test.noop', to_jsonb(g) FROM generate_series(1, 2000) g")
     workers = [spawn_worker(concurrency=50), spawn_worker(concurrency=50)]
     ids = {w.worker_id() for w in workers}
     query(dsn, "SELECT pg_notify('taskq_jobs', 'default')")

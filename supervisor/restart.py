@@ -1,0 +1,53 @@
+"""When to replace a dead worker, and when to give up and let systemd take over.
+
+- A worker that exits at boot with a configuration exit code (bad settings, schema, import, no embedded
+  server) will fail the same way again: the supervisor stops with that code instead of looping.
+  DATABASE_UNAVAILABLE is fatal only before the supervisor was ever ready; later it is a transient
+  outage and counts as an ordinary death.
+- Ordinary deaths are replaced after an exponential backoff; `crash_limit` deaths within
+  `crash_window` seconds stop the supervisor with CRASH_LOOP.
+- A worker that restarted itself on purpose (LEAKED_THREADS) is replaced at once and not counted.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from taskq.worker import exitcodes
+
+CRASH_LOOP = 15
+"""Supervisor exit code: `crash_limit` workers died within `crash_window` seconds."""
+
+CONFIG_EXIT_CODES = frozenset({
+    exitcodes.USAGE, exitcodes.SCHEMA, exitcodes.EMBEDDED_UNAVAILABLE, exitcodes.IMPORT_ERROR,
+})
+BOOT_EXIT_CODES = CONFIG_EXIT_CODES | {exitcodes.DATABASE_UNAVAILABLE}
+SELF_RESTART_EXIT_CODES = frozenset({exitcodes.LEAKED_THREADS})
+
+
+@dataclass
+class RestartPolicy:
+    crash_limit: int = 5
+    crash_window: float = 60.0
+    backoff: float = 0.5
+    backoff_max: float = 30.0
+    deaths: deque[float] = field(default_factory=deque)
+
+    def is_boot_failure(self, code: int, *, ever_ready: bool, supervisor_was_ready: bool) -> bool:
+        """A death that restarting cannot fix (see the module docstring)."""
+        if ever_ready or code not in BOOT_EXIT_CODES:
+            return False
+        return code in CONFIG_EXIT_CODES or not supervisor_was_ready
+
+    def record_death(self, now: float, code: int) -> float | None:
+        """Count an unexpected death at `now`. Returns the delay before its replacement, or None when
+        the crash limit is reached (stop the supervisor)."""
+        if code in SELF_RESTART_EXIT_CODES:
+            return 0.0
+        self.deaths.append(now)
+        while self.deaths and self.deaths[0] <= now - self.crash_window:
+            self.deaths.popleft()
+        if len(self.deaths) >= self.crash_limit:
+            return None
+        return min(self.backoff_max, self.backoff * 2.0 ** (len(self.deaths) - 1))
