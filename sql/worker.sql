@@ -19,11 +19,11 @@ WHERE last_heartbeat_at < now() - %(dead_after)s::float8 * interval '1 second'
 
 -- name: job_claim
 -- Claim up to %(limit)s due jobs of our queues, most urgent first; one attempts row and one event each.
--- One ordered index scan per queue (jobs_claim_idx), each stopping after %(limit)s rows: `queue =
--- ANY(...)` would read and sort the whole backlog on every claim. With several queues the rows a
--- queue's scan locked but the final LIMIT leaves out are unlocked again at commit, untouched.
+-- One ordered index scan per queue (jobs_claim_idx), each stopping at the limit: `queue = ANY(...)`
+-- would read and sort the whole backlog on every claim. With several queues, the rows one queue's
+-- scan locked but the final LIMIT leaves out are unlocked again at commit, untouched.
 WITH picked AS (
-    SELECT c.id, c.prev FROM unnest(%(queues)s::text[]) AS q(name)
+    SELECT c.id, c.prev FROM (SELECT DISTINCT unnest(%(queues)s::text[])) AS q(name)
     CROSS JOIN LATERAL (
         SELECT id, status AS prev, priority, scheduled_at FROM taskq.jobs
         WHERE status IN ('pending', 'scheduled') AND queue = q.name AND scheduled_at <= now()
@@ -66,7 +66,7 @@ WITH w AS (
     UPDATE taskq.workers SET last_heartbeat_at = now() WHERE id = %(worker_id)s RETURNING id
 ), renewed AS (
     UPDATE taskq.jobs AS j SET lock_expires_at = now() + %(lock_timeout)s::float8 * interval '1 second'
-    FROM unnest(%(ids)s::uuid[], %(epochs)s::bigint[]) AS h(id, epoch)
+    FROM unnest(%(ids)b::uuid[], %(epochs)b::bigint[]) AS h(id, epoch)
     WHERE j.id = h.id AND j.claim_epoch = h.epoch AND j.status = 'running' AND j.worker_id = %(worker_id)s
     RETURNING j.id, j.cancel_phase, j.cancel_requested_at IS NOT NULL AS cancel_requested
 )
@@ -79,10 +79,12 @@ WHERE NOT EXISTS (SELECT 1 FROM renewed);
 -- Every outcome of an attempt, batched: succeeded / failed / cancelled / abandoned / crashed, or
 -- 'scheduled' for a retry after retry_delay seconds. Rows whose fence fails are left alone; the
 -- caller counts them as stale writes. A cancelled verdict needs a real cancel request on the row.
+-- The arrays are sent in binary (the `b` placeholders): as text, every element would cost the worker
+-- a regex escape.
 WITH i AS (
-    SELECT * FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(epochs)s::bigint[], %(statuses)s::text[],
-                         %(results)s::jsonb[], %(error_classes)s::text[], %(error_messages)s::text[],
-                         %(retry_delays)s::float8[], %(outcomes)s::text[], %(details)s::jsonb[])
+    SELECT * FROM unnest(%(ids)b::uuid[], %(attempts)b::int[], %(epochs)b::bigint[], %(statuses)b::text[],
+                         %(results)b::jsonb[], %(error_classes)b::text[], %(error_messages)b::text[],
+                         %(retry_delays)b::float8[], %(outcomes)b::text[], %(details)b::jsonb[])
         AS t(id, attempt, epoch, status, result, error_class, error_message, retry_delay, outcome, detail)
 ), upd AS (
     UPDATE taskq.jobs AS j SET

@@ -70,7 +70,12 @@ class Worker:
         self.exit_code = exitcodes.OK
         self.ready = threading.Event()
         self._async_executor = AsyncioExecutor()
+        # a thread stuck after a forced stop the ladder does not own (timeout, lost lease) is given up
+        # after the cleanup grace and counted toward max_leaked_threads, like an abandonment
         self._thread_executor = ThreadExecutor(settings.max_threads)
+        self._thread_executor.configure(
+            cleanup_grace_period=settings.cleanup_grace_period, on_leak_change=self.on_abandoned
+        )
         self._process_executor: Executor | None = None
         self.summary: dict[str, list[str]] = {"released": [], "cancelled": [], "held": []}
         self.shutdown_event = asyncio.Event()
@@ -91,12 +96,6 @@ class Worker:
         if actor.isolation == "async":
             return self._async_executor
         if actor.isolation == "thread":
-            if self._thread_executor.on_leak_change is None:
-                # a thread stuck after a forced stop the ladder does not own (timeout, lost lease) is given
-                # up after the cleanup grace, and counted toward max_leaked_threads like an abandonment
-                self._thread_executor.configure(
-                    cleanup_grace_period=self.settings.cleanup_grace_period, on_leak_change=self.on_abandoned
-                )
             return self._thread_executor
         if self._process_executor is None:
             from taskq.actors.process import ProcessExecutor
@@ -316,11 +315,16 @@ class Worker:
             task.cancel()
         if self.consumers.tasks:
             await asyncio.wait(self.consumers.tasks, timeout=1.0)
+        # the tracked-exit gate: threads and children still running an actor are waited for (only the
+        # watchdog bounds this); a consumer whose actor leaves meanwhile still writes its outcome
         for executor in self.executors():
             try:
                 await executor.reap()
             except Exception as exc:
                 log.warning("reaping %s failed: %s", type(executor).__name__, exc)
+        if self.consumers.tasks:
+            await asyncio.wait(self.consumers.tasks, timeout=1.0)
+        await self.completer.drain()
         try:
             await self.store.deregister()
         except Exception as exc:

@@ -115,10 +115,9 @@ def test_thread_blocked_in_c_is_ended_by_the_watchdog_and_later_reclaimed_not_ca
     assert r["status"] == "running" and r["cancel_requested_at"] is None  # never released nor cancelled
     w2 = spawn_worker()
     w2.worker_id()
-    wait_until(lambda: row(dsn, job_id)["status"] in ("scheduled", "running", "succeeded"), timeout=20)
-    history = query(dsn, "SELECT outcome, error_class FROM taskq.job_attempts WHERE job_id = %s "
-                         "ORDER BY claim_epoch", job_id)
-    assert history[0] == ("crashed", "WorkerCrashed")
+    first_attempt = "SELECT outcome, error_class FROM taskq.job_attempts WHERE job_id = %s AND attempt = 1"
+    wait_until(lambda: query(dsn, first_attempt, job_id)[0][0] is not None, timeout=20)
+    assert query(dsn, first_attempt, job_id)[0] == ("crashed", "WorkerCrashed")
     assert row(dsn, job_id)["status"] != "cancelled"
 
 

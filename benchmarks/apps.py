@@ -1,0 +1,46 @@
+"""Actors used by the worker benchmarks.
+
+Worker subprocesses import this as `benchmarks.apps:actors` (they run with the repository root as
+their working directory); the benchmark scripts import it as their sibling module `apps`. Both
+register into the module's own registry, never the default one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from taskq import JobContext
+from taskq.actors.declaration import ActorRegistry, actor
+
+registry = ActorRegistry()
+
+NOOP = "bench.noop"
+STAMP = "bench.stamp"
+SLEEP = "bench.sleep"
+
+
+@actor(name=NOOP, registry=registry)
+async def noop(payload: int) -> None:
+    """The throughput benchmark's job: nothing but the runtime's own bookkeeping."""
+    return None
+
+
+@actor(name=STAMP, registry=registry)
+async def stamp(payload: float) -> float:
+    """The latency benchmark's job: the payload is the enqueue time; the result is the start time
+    (both `time.time()` on the same host)."""
+    return time.time()
+
+
+@actor(name=SLEEP, registry=registry)
+async def sleep(payload: float, ctx: JobContext[float]) -> None:
+    """Hold a slot for `payload` seconds, or until the worker asks it to stop (then it is released)."""
+    try:
+        await asyncio.wait_for(ctx.cancel_event.wait(), payload)
+    except TimeoutError:
+        return
+    raise asyncio.CancelledError
+
+
+actors = registry

@@ -1,0 +1,180 @@
+"""Enqueue → actor start latency at a steady 50 jobs/s with one idle worker process.
+
+    python benchmarks/latency.py [--dsn DSN] [--rate 50] [--seconds 20] [--json out.json]
+
+One worker subprocess (`python -m taskq.worker benchmarks.apps:actors`, default settings, so
+`poll_interval` is 1 s and polling cannot explain a millisecond figure: the wake-up is the
+LISTEN/NOTIFY path). The benchmark enqueues one job per commit with `JobsClient.enqueue` on a fixed
+schedule; the payload is `time.time()` taken just before the call, and the actor returns
+`time.time()` when it starts (same host, same clock). Reported: that difference (p50/p99/max), the
+same measured from the moment `enqueue` returned (the commit is done), and the enqueue call itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from _common import (
+    DSN_HELP,
+    RESULTS_DIR,
+    announce,
+    bench_database,
+    header,
+    machine,
+    percentile,
+    print_table,
+    server_facts,
+    spawn_worker,
+    stop_workers,
+    write_report,
+)
+from apps import STAMP, registry
+
+from taskq.client import JobsClient
+
+APP = "benchmarks.apps:actors"
+TARGET_P50_MS = 2.0
+TARGET_P99_MS = 10.0
+WARMUP_JOBS = 20
+
+
+def wait_for_listener(dsn: str, timeout: float = 30.0) -> None:
+    """Until the worker has registered and its LISTEN connection is up."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT (SELECT count(*) FROM taskq.workers),"
+                " (SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                "  AND query LIKE 'LISTEN%%')"
+            ).fetchone()
+            if row is not None and row[0] >= 1 and row[1] >= 1:
+                return
+            time.sleep(0.05)
+    raise RuntimeError("the worker did not start listening in time")
+
+
+async def wait_all_done(client: JobsClient, ids: list[UUID], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    async with client.backend.pool.connection() as conn:
+        while time.monotonic() < deadline:
+            cur = await conn.execute(
+                "SELECT count(*) FROM taskq.jobs WHERE id = ANY(%s) AND status = 'succeeded'", (ids,)
+            )
+            row = await cur.fetchone()
+            if row is not None and row[0] == len(ids):
+                return
+            await asyncio.sleep(0.1)
+    raise RuntimeError("jobs did not finish in time")
+
+
+async def drive(dsn: str, rate: float, seconds: float) -> dict[str, Any]:
+    client = await JobsClient.connect(dsn, registry=registry, min_size=1, max_size=2)
+    try:
+        warm = [(await client.enqueue(STAMP, time.time())).job_id for _ in range(WARMUP_JOBS)]
+        await wait_all_done(client, warm)
+        await asyncio.sleep(0.5)
+        count = int(rate * seconds)
+        returned: dict[UUID, float] = {}
+        call_ms: list[float] = []
+        lateness: list[float] = []
+        start = time.perf_counter() + 0.1
+        for i in range(count):
+            due = start + i / rate
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                lateness.append(-delay)
+            sent = time.time()
+            handle = await client.enqueue(STAMP, sent)
+            back = time.time()
+            returned[handle.job_id] = back
+            call_ms.append(1000 * (back - sent))
+        ids = list(returned)
+        await wait_all_done(client, ids)
+        async with client.backend.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT id, payload::float8, result::float8,"
+                " extract(epoch FROM started_at - created_at) FROM taskq.jobs WHERE id = ANY(%s)", (ids,)
+            )
+            rows = await cur.fetchall()
+    finally:
+        await client.close()
+    from_call = [1000 * (r[2] - r[1]) for r in rows]
+    from_commit = [1000 * (r[2] - returned[r[0]]) for r in rows]
+    claimed = [1000 * float(r[3]) for r in rows]
+    return {
+        "jobs": len(rows),
+        "schedule_late_ticks": len(lateness),
+        "enqueue_to_start_ms": stats(from_call),
+        "commit_to_start_ms": stats(from_commit),
+        "enqueue_call_ms": stats(call_ms),
+        "created_to_claimed_ms": stats(claimed),
+    }
+
+
+def stats(values: list[float]) -> dict[str, float]:
+    return {
+        "p50": percentile(values, 50),
+        "p90": percentile(values, 90),
+        "p99": percentile(values, 99),
+        "max": max(values),
+        "mean": sum(values) / len(values),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dsn", default=None, help=DSN_HELP)
+    parser.add_argument("--rate", type=float, default=50.0, help="jobs enqueued per second")
+    parser.add_argument("--seconds", type=float, default=20.0, help="how long to keep enqueueing")
+    parser.add_argument("--json", type=Path, default=RESULTS_DIR / "latency.json")
+    args = parser.parse_args()
+    params = {"rate": args.rate, "seconds": args.seconds, "worker": "1 process, default settings "
+              "(poll_interval 1 s, concurrency 10)", "actor": STAMP}
+    info = machine()
+    with bench_database(args.dsn, "latency") as dsn:
+        server_info = server_facts(dsn)
+        announce("latency", params, info, server_info)
+        proc = spawn_worker(dsn, APP, {}, RESULTS_DIR / "logs" / "latency-worker.log")
+        try:
+            wait_for_listener(dsn)
+            result = asyncio.run(drive(dsn, args.rate, args.seconds))
+        finally:
+            codes = stop_workers([proc])
+    report = header("latency", params, info, server_info) | {
+        "machine_after": machine(),
+        "worker_exit_code": codes[0],
+        "results": result,
+        "target": {"p50_ms": TARGET_P50_MS, "p99_ms": TARGET_P99_MS,
+                   "met": result["enqueue_to_start_ms"]["p50"] <= TARGET_P50_MS
+                   and result["enqueue_to_start_ms"]["p99"] <= TARGET_P99_MS},
+    }
+    print(f"\nlatency: {result['jobs']} jobs at {args.rate:g} jobs/s, one idle worker process (poll_interval "
+          f"1 s), load average at start {info['loadavg']} on {info['cpus']} CPUs")
+    if report["load_warning"]:
+        print(report["load_warning"])
+    print_table(
+        ["measured (ms)", "p50", "p90", "p99", "max", "mean"],
+        [[label, *(result[key][k] for k in ("p50", "p90", "p99", "max", "mean"))]
+         for label, key in (("enqueue call → actor start", "enqueue_to_start_ms"),
+                            ("enqueue returned → actor start", "commit_to_start_ms"),
+                            ("enqueue call (insert + commit)", "enqueue_call_ms"),
+                            ("created_at → claimed (server)", "created_to_claimed_ms"))],
+    )
+    if result["schedule_late_ticks"]:
+        print(f"note: the enqueue loop fell behind its schedule {result['schedule_late_ticks']} times")
+    met = "met" if report["target"]["met"] else "MISSED"
+    print(f"target: p50 <= {TARGET_P50_MS:g} ms, p99 <= {TARGET_P99_MS:g} ms: {met}")
+    print(f"wrote {write_report('latency', report, args.json)}")
+
+
+if __name__ == "__main__":
+    main()
