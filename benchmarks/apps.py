@@ -44,3 +44,14 @@ async def sleep(payload: float, ctx: JobContext[float]) -> None:
 
 
 actors = registry
+
+
+WAIT_CANCEL = "bench.wait_cancel"
+
+
+@actor(name=WAIT_CANCEL, registry=registry)
+async def wait_cancel(payload: float, ctx: JobContext[float]) -> float:
+    """The cancel-latency benchmark's job: waits for the cancel request, and returns the moment it saw
+    it (`time.time()`); returning after a request is a success, so the result is kept."""
+    await asyncio.wait_for(ctx.cancel_event.wait(), payload)
+    return time.time()

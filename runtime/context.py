@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -91,22 +90,36 @@ class JobContext(Generic[P]):
         self.cancel_origin: CancelOrigin | None = None
         self._runtime = runtime
         self._loop = loop
-        # set together with cancel_event; readable from an actor thread without touching the loop
-        self._cancel_flag = threading.Event()
-        base = logging.getLogger("taskq.job")
-        self.logger = logger or logging.LoggerAdapter(base, {"job_id": str(job_id), "attempt": attempt})
-        self.jobs = ChildJobs(self)
+        # set together with cancel_event; a plain attribute read is atomic, so an actor thread can
+        # poll it without touching the loop
+        self._cancelled = False
+        self._logger = logger
+
+    @property
+    def logger(self) -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
+        """A logger bound to this job (job_id and attempt in `extra`), made on first use."""
+        if self._logger is None:
+            self._logger = logging.LoggerAdapter(
+                logging.getLogger("taskq.job"), {"job_id": str(self.job_id), "attempt": self.attempt}
+            )
+        return self._logger
+
+    @property
+    def jobs(self) -> ChildJobs:
+        """Enqueue child jobs (parent_id = this job). Built on access: a stored back-reference would
+        make every context a reference cycle left to the cyclic garbage collector."""
+        return ChildJobs(self)
 
     @property
     def cancellation_requested(self) -> bool:
-        return self._cancel_flag.is_set()
+        return self._cancelled
 
     def request_cancel(self, origin: CancelOrigin) -> None:
         """Called by the worker on its loop: record why first, then signal. The first origin sticks,
         except that an operator's request always wins over an infrastructure one."""
         if self.cancel_origin is None or origin is CancelOrigin.OPERATOR:
             self.cancel_origin = origin
-        self._cancel_flag.set()
+        self._cancelled = True
         self.cancel_event.set()
 
     async def progress(self, data: Any = None, *, message: str | None = None) -> None:

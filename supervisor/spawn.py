@@ -152,6 +152,9 @@ def run_worker_child(*, app: str, registry: Any, settings: Any, number: int, liv
             from taskq.worker.cli import load_app
 
             registry = load_app(app)
+        from taskq.worker.main import tune_gc_for_worker
+
+        tune_gc_for_worker()
         return int(uvloop.run(_run_with_title(settings, registry, number)))
     except KeyboardInterrupt:
         return exitcodes.OK

@@ -15,7 +15,7 @@ from taskq.client import JobHandle, encode_payload, prepare_insert
 from taskq.context import JobContext
 from taskq.exceptions import PayloadInvalid, ResultInvalid
 from taskq.metrics import JOB_DURATION, JOBS_COMPLETED
-from taskq.models import CancelMarker, CancelOrigin, CancelPhase, JobRow
+from taskq.models import CancelMarker, CancelOrigin, CancelPhase, JobRow, JobStatus
 from taskq.worker.registry import ActiveJob
 from taskq.worker.store import RETRY, ClaimedJob, Finish
 
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from taskq.worker.main import Worker
 
 log = logging.getLogger("taskq.worker")
+
+TERMINAL_NAMES = tuple(s.value for s in JobStatus if s.is_terminal)
 
 MAX_ERROR_MESSAGE = 4000
 
@@ -65,11 +67,19 @@ class Consumers:
     def __init__(self, worker: Worker) -> None:
         self.w = worker
         self.tasks: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._completed = {s: JOBS_COMPLETED.labels(status=s) for s in (*TERMINAL_NAMES, "retried")}
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop
 
     def spawn(self, job: ClaimedJob) -> None:
         entry = ActiveJob(job=job)
         self.w.registry.add(entry)
-        task = asyncio.get_running_loop().create_task(self._consume(entry), name=f"taskq-job-{job.id}")
+        task = self.loop.create_task(self._consume(entry))
         entry.task = task
         self.tasks.add(task)
         task.add_done_callback(self._done)
@@ -122,7 +132,7 @@ class Consumers:
                 error_message="schedule_to_close passed before this attempt could start",
             ))
             return
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         last = job.progress.get("data") if isinstance(job.progress, dict) else None
         entry.ctx = JobContext(
             job_id=job.id, attempt=job.attempt, claim_epoch=job.claim_epoch, payload=payload,
@@ -263,7 +273,7 @@ class Consumers:
                       "will decide", entry.id, finish.status, exc)
             return False
         if written:
-            JOBS_COMPLETED.labels(status=finish.status if finish.status != RETRY else "retried").inc()
+            self._completed[finish.status if finish.status != RETRY else "retried"].inc()
         return written
 
     # -- ContextRuntime --------------------------------------------------------------------------

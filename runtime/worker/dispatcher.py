@@ -12,7 +12,7 @@ import psycopg
 
 from taskq import sql
 from taskq.backend import CANCEL_CHANNEL, JOBS_CHANNEL
-from taskq.metrics import JOBS_CLAIMED
+from taskq.metrics import JOBS_CLAIMED, JOBS_IN_FLIGHT
 
 if TYPE_CHECKING:
     from taskq.worker.main import Worker
@@ -52,6 +52,8 @@ class Dispatcher:
                 self.w.consumers.spawn(job)
             for queue, count in claimed.items():  # one labelled increment per queue, not per job
                 JOBS_CLAIMED.labels(queue=queue).inc(count)
+            if jobs:
+                JOBS_IN_FLIGHT.set(len(self.w.registry))
             if len(jobs) < want:
                 try:
                     await asyncio.wait_for(self.wake.wait(), s.poll_interval)

@@ -8,7 +8,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from taskq.metrics import HEARTBEAT_FAILURES, HEARTBEAT_TICK
+from taskq.metrics import HEARTBEAT_FAILURES, HEARTBEAT_TICK, JOBS_IN_FLIGHT
 from taskq.models import CancelOrigin
 
 if TYPE_CHECKING:
@@ -67,6 +67,7 @@ class Heartbeat:
             if len(self.tick_durations) > 10_000:
                 del self.tick_durations[:5_000]
         self.ticks += 1
+        JOBS_IN_FLIGHT.set(len(self.w.registry))
         self.last_success = loop.time()
         if self.consecutive_failures:
             log.info("heartbeat recovered after %d failures", self.consecutive_failures)
