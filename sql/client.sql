@@ -22,36 +22,37 @@ INSERT INTO taskq.schema_migrations (version, name, checksum) VALUES (%(version)
 SELECT coalesce(max(version), 0) AS version FROM taskq.schema_migrations;
 
 -- name: job_insert
-WITH ins AS (
-    INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
-                            scheduled_at, schedule_to_close, parent_id)
-    VALUES (%(id)s, %(actor)s, %(queue)s, %(payload)s::jsonb,
-            CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
-            %(priority)s, %(tags)s::text[], %(max_attempts)s,
-            greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
-            now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s)
-    RETURNING *
-)
-SELECT ins.*, (CASE WHEN ins.status = 'pending' THEN pg_notify('taskq_jobs', ins.queue) END) IS NULL AS _n
-FROM ins;
+-- Returns only what the server decides; the client knows the rest of the row it sent. A plain
+-- INSERT ... RETURNING (the NOTIFY in the RETURNING list) costs the server a sixth less than the same
+-- statement wrapped in a CTE.
+INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
+                        scheduled_at, schedule_to_close, parent_id)
+VALUES (%(id)s, %(actor)s, %(queue)s, %(payload)s::jsonb,
+        CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
+        %(priority)s, %(tags)s::text[], %(max_attempts)s,
+        greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
+        now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s)
+RETURNING status, scheduled_at, schedule_to_close, created_at,
+          (CASE WHEN status = 'pending' THEN pg_notify('taskq_jobs', queue) END) IS NULL AS _n;
 
 -- name: job_insert_many
+-- One statement per batch of one enqueue_many call: only ids and payloads vary, sent as binary arrays
+-- (text-format arrays cost microseconds per element to quote); the options are shared scalars. One
+-- NOTIFY for the whole batch when its jobs are due now.
 WITH ins AS (
     INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
                             scheduled_at, schedule_to_close, parent_id)
-    SELECT u.id, u.actor, u.queue, u.payload,
-           CASE WHEN u.scheduled_at > now() THEN 'scheduled' ELSE 'pending' END,
-           u.priority, u.tags::text[], u.max_attempts,
-           greatest(coalesce(u.scheduled_at, now()), now()),
-           now() + u.schedule_to_close * interval '1 second', u.parent_id
-    FROM unnest(%(ids)s::uuid[], %(actors)s::text[], %(queues)s::text[], %(payloads)s::jsonb[],
-                %(priorities)s::int[], %(tags)s::text[], %(max_attempts)s::int[],
-                %(scheduled_ats)s::timestamptz[], %(schedule_to_closes)s::float8[], %(parent_ids)s::uuid[])
-         AS u(id, actor, queue, payload, priority, tags, max_attempts, scheduled_at, schedule_to_close, parent_id)
-    RETURNING queue, status
+    SELECT u.id, %(actor)s::text, %(queue)s::text, u.payload::jsonb,
+           CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
+           %(priority)s::int, %(tags)s::text[], %(max_attempts)s::int,
+           greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
+           now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s::uuid
+    FROM unnest(%(ids)b::uuid[], %(payloads)b::text[]) AS u(id, payload)
+    RETURNING status
 )
-SELECT count(pg_notify('taskq_jobs', d.queue)) AS notified
-FROM (SELECT DISTINCT queue FROM ins WHERE status = 'pending') AS d;
+SELECT count(*) AS inserted,
+       (CASE WHEN bool_or(status = 'pending') THEN pg_notify('taskq_jobs', %(queue)s::text) END) IS NULL AS _n
+FROM ins;
 
 -- name: job_get
 SELECT * FROM taskq.jobs WHERE id = %(id)s;

@@ -1,0 +1,374 @@
+"""Enqueue throughput: JobsClient.enqueue against a raw psycopg INSERT, and enqueue_many in batches.
+
+    python benchmarks/enqueue.py [--dsn DSN] [--seconds 3] [--rounds 3] [--slices 6]
+                                 [--loop uvloop|asyncio] [--json benchmarks/results/enqueue.json]
+
+Without --dsn (and without TASKQ_DSN) it uses the embedded server. Either way it creates a fresh
+database on that server, migrates it, and drops it at the end, so it needs CREATEDB rights.
+Each round runs every measurement for --seconds, cut into --slices turns taken in rotation (so a burst
+of noise on a shared machine hits all of them, not one); the median of the rounds is reported. The
+jobs table is truncated before every turn, so each starts from the same (empty) table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql as pgsql
+from psycopg.conninfo import make_conninfo
+from pydantic import BaseModel
+
+from taskq.actors.declaration import ActorRegistry, actor
+from taskq.backend import uuid7
+from taskq.client import JobsClient
+from taskq.dsn import redact_dsn, resolve_dsn
+from taskq.migrations import migrate_dsn
+
+DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "enqueue.json"
+SINGLE_TARGET_RATIO = 0.80  # (a) must reach 80 % of (b)
+BATCH_100_TARGET = 75_000.0  # jobs/s
+
+registry = ActorRegistry()
+
+
+class Image(BaseModel):
+    url: str
+    width: int
+    height: int
+
+
+@actor(name="bench.resize", registry=registry)
+async def resize(payload: Image) -> None:
+    return None
+
+
+def _payload(i: int) -> dict[str, Any]:
+    return {"url": f"s3://bucket/images/{i:08d}.png", "width": 640, "height": 480}
+
+
+# The row (b) writes is the row (a) writes: same columns, same values, minus the client's checks.
+RAW_INSERT = (
+    "INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,"
+    " scheduled_at, schedule_to_close, parent_id)"
+    " VALUES (%s, %s, %s, %s::jsonb, 'pending', %s, %s::text[], %s, now(), NULL, NULL)"
+)
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def backend_cpu(pid: int | None) -> float | None:
+    """CPU seconds of one PostgreSQL backend process, if the server runs on this machine. Only the
+    backend serving our connection is counted: the server may be shared with other work."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            if f.read().strip() != "postgres":
+                return None
+    except OSError:
+        return None
+    fields = _stat_fields(pid)
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+async def backend_pid(conn: psycopg.AsyncConnection[Any]) -> int:
+    cur = await conn.execute("SELECT pg_backend_pid()")
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@dataclass
+class Sample:
+    """Totals of one or more timed slices of one measurement."""
+
+    jobs: int = 0
+    seconds: float = 0.0
+    client_cpu: float = 0.0  # this process
+    server_cpu: float | None = 0.0  # the backend serving us; None if it is not on this machine
+
+    def add(self, other: Sample) -> None:
+        self.jobs += other.jobs
+        self.seconds += other.seconds
+        self.client_cpu += other.client_cpu
+        self.server_cpu = (
+            None if self.server_cpu is None or other.server_cpu is None else (self.server_cpu + other.server_cpu)
+        )
+
+    @property
+    def jobs_per_s(self) -> float:
+        return self.jobs / self.seconds
+
+    @property
+    def client_cpu_us(self) -> float:
+        return self.client_cpu / self.jobs * 1e6
+
+    @property
+    def server_cpu_us(self) -> float | None:
+        return None if self.server_cpu is None else self.server_cpu / self.jobs * 1e6
+
+
+@dataclass
+class Measurement:
+    name: str
+    label: str
+    run: Callable[[float], Awaitable[Sample]]
+    rounds: list[Sample]
+
+
+async def _timed(seconds: float, step: Callable[[], Awaitable[int]], pid: int) -> Sample:
+    """Run `step` (which returns jobs written) back to back for `seconds`; `pid` is the serving backend."""
+    jobs = 0
+    server_before = backend_cpu(pid)
+    cpu_before = time.process_time()
+    start = time.perf_counter()
+    deadline = start + seconds
+    while True:
+        jobs += await step()
+        now = time.perf_counter()
+        if now >= deadline:
+            break
+    client_cpu = time.process_time() - cpu_before
+    server_after = backend_cpu(pid)
+    server_cpu = None if server_before is None or server_after is None else server_after - server_before
+    return Sample(jobs=jobs, seconds=now - start, client_cpu=client_cpu, server_cpu=server_cpu)
+
+
+async def bench_enqueue_single(client: JobsClient, pid: int, seconds: float) -> Sample:
+    counter = 0
+
+    async def step() -> int:
+        nonlocal counter
+        counter += 1
+        await client.enqueue(resize, _payload(counter))
+        return 1
+
+    return await _timed(seconds, step, pid)
+
+
+async def bench_raw_insert(conn: psycopg.AsyncConnection[Any], pid: int, seconds: float) -> Sample:
+    counter = 0
+
+    async def step() -> int:
+        nonlocal counter
+        counter += 1
+        payload = Image.model_validate(_payload(counter)).model_dump_json()
+        await conn.execute(RAW_INSERT, (uuid7(), "bench.resize", "default", payload, 0, [], 3), prepare=True)
+        return 1
+
+    return await _timed(seconds, step, pid)
+
+
+async def bench_enqueue_many(client: JobsClient, pid: int, seconds: float, batch: int) -> Sample:
+    counter = 0
+
+    async def step() -> int:
+        nonlocal counter
+        payloads = [_payload(counter + i) for i in range(batch)]
+        counter += batch
+        await client.enqueue_many(resize, payloads)
+        return batch
+
+    return await _timed(seconds, step, pid)
+
+
+async def _truncate(dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("TRUNCATE taskq.jobs, taskq.job_events")
+        await conn.execute("VACUUM ANALYZE taskq.jobs")
+
+
+def _median(samples: list[Sample], field: str) -> float | None:
+    values = [getattr(x, field) for x in samples]
+    return None if None in values else statistics.median(values)
+
+
+async def run(dsn: str, seconds: float, rounds: int, slices: int) -> dict[str, Any]:
+    # one pooled connection, so that its backend's CPU is the server's share of the work
+    client = await JobsClient.connect(dsn, registry=registry, min_size=1, max_size=1)
+    raw = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    try:
+        async with client.backend.pool.connection() as conn:
+            client_pid = await backend_pid(conn)
+        raw_pid = await backend_pid(raw)
+        measurements = [
+            Measurement(
+                "enqueue_single",
+                "(a) client.enqueue, 1 job/commit",
+                lambda s: bench_enqueue_single(client, client_pid, s),
+                [],
+            ),
+            Measurement(
+                "raw_insert_single",
+                "(b) raw psycopg INSERT, 1 row/commit",
+                lambda s: bench_raw_insert(raw, raw_pid, s),
+                [],
+            ),
+            Measurement(
+                "enqueue_many_100",
+                "(c) enqueue_many, batches of 100",
+                lambda s: bench_enqueue_many(client, client_pid, s, 100),
+                [],
+            ),
+            Measurement(
+                "enqueue_many_1000",
+                "(d) enqueue_many, batches of 1000",
+                lambda s: bench_enqueue_many(client, client_pid, s, 1000),
+                [],
+            ),
+        ]
+        # warm up every path once (prepared statements, pool, caches), untimed
+        for m in measurements:
+            await m.run(min(0.5, seconds))
+        for r in range(rounds):
+            totals = {m.name: Sample() for m in measurements}
+            # each round is cut into slices run in turn, so that a burst of noise on the machine hits
+            # every measurement rather than one of them; every slice starts from an empty table
+            for _ in range(slices):
+                for m in measurements:
+                    await _truncate(dsn)
+                    totals[m.name].add(await m.run(seconds / slices))
+            for m in measurements:
+                sample = totals[m.name]
+                m.rounds.append(sample)
+                server = "-" if sample.server_cpu_us is None else f"{sample.server_cpu_us:.1f}"
+                print(
+                    f"  round {r + 1}/{rounds} {m.name:<18} {sample.jobs_per_s:>10,.0f} jobs/s"
+                    f"  client {sample.client_cpu_us:7.1f} us/job  server {server:>7} us/job",
+                    file=sys.stderr,
+                )
+    finally:
+        await raw.close()
+        await client.close()
+    results: dict[str, Any] = {
+        m.name: {
+            "label": m.label,
+            "rounds": [x.jobs_per_s for x in m.rounds],
+            "median": _median(m.rounds, "jobs_per_s"),
+            "client_cpu_us_per_job": _median(m.rounds, "client_cpu_us"),
+            "server_cpu_us_per_job": _median(m.rounds, "server_cpu_us"),
+        }
+        for m in measurements
+    }
+    single, raw, many100 = (results[k]["median"] for k in ("enqueue_single", "raw_insert_single", "enqueue_many_100"))
+    results["targets"] = {
+        "enqueue_single_vs_raw": {
+            "ratio": single / raw,
+            "target": f">= {SINGLE_TARGET_RATIO:.2f}",
+            "met": single / raw >= SINGLE_TARGET_RATIO,
+        },
+        "enqueue_many_100": {
+            "jobs_per_s": many100,
+            "target": f">= {BATCH_100_TARGET:,.0f}",
+            "met": many100 >= BATCH_100_TARGET,
+        },
+    }
+    return results
+
+
+def print_table(results: dict[str, Any]) -> None:
+    names = ["enqueue_single", "raw_insert_single", "enqueue_many_100", "enqueue_many_1000"]
+    print(f"{'measurement':<38} {'jobs/s':>9} {'client us':>10} {'server us':>10}   rounds (jobs/s)")
+    for name in names:
+        r = results[name]
+        rounds = ", ".join(f"{x:,.0f}" for x in r["rounds"])
+        server = r["server_cpu_us_per_job"]
+        server_text = "-" if server is None else f"{server:.1f}"
+        client_text = f"{r['client_cpu_us_per_job']:.1f}"
+        print(f"{r['label']:<38} {r['median']:>9,.0f} {client_text:>10} {server_text:>10}   {rounds}")
+    print("(client us / server us: CPU per job of this process / of the PostgreSQL backend serving it)")
+    t = results["targets"]
+    ratio = t["enqueue_single_vs_raw"]
+    print(f"(a)/(b) = {ratio['ratio']:.2f} (target {ratio['target']}): {'met' if ratio['met'] else 'MISSED'}")
+    many = t["enqueue_many_100"]
+    verdict = "met" if many["met"] else "MISSED"
+    print(f"(c) = {many['jobs_per_s']:,.0f} jobs/s (target {many['target']}): {verdict}")
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    admin = resolve_dsn(args.dsn)
+    name = f"taskq_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
+    dsn = make_conninfo(admin, dbname=name)
+    try:
+        await migrate_dsn(dsn)
+        with psycopg.connect(dsn) as conn:
+            server_version = conn.info.server_version
+            sync_commit = conn.execute("SHOW synchronous_commit").fetchone()
+        print(
+            f"benchmarking on {redact_dsn(dsn)} (PostgreSQL {server_version}), "
+            f"{args.rounds} rounds of {args.seconds} s per measurement",
+            file=sys.stderr,
+        )
+        results = await run(dsn, args.seconds, args.rounds, args.slices)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
+    return {
+        "benchmark": "enqueue",
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "server": {"version": server_version, "synchronous_commit": sync_commit[0] if sync_commit else None},
+        "params": {
+            "seconds": args.seconds,
+            "rounds": args.rounds,
+            "slices": args.slices,
+            "loop": args.loop,
+            "payload": _payload(0),
+        },
+        "results": results,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dsn", default=None, help="server to benchmark on (default: TASKQ_DSN, else embedded)")
+    parser.add_argument("--seconds", type=float, default=3.0, help="duration of each measurement per round")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median is reported")
+    parser.add_argument(
+        "--slices", type=int, default=6, help="each round's time per measurement is cut into this many turns"
+    )
+    parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop", help="event loop (default uvloop)")
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"where to write results ({DEFAULT_JSON})")
+    args = parser.parse_args()
+    if args.loop == "uvloop":
+        import uvloop
+
+        report = uvloop.run(main_async(args))
+    else:
+        report = asyncio.run(main_async(args))
+    print_table(report["results"])
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""`taskq migrate` against real databases: the catalog it builds, idempotence, concurrency, versions."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import AsyncConnection, errors
+
+from taskq import sql
+from taskq.client import JobsClient
+from taskq.exceptions import SchemaNotReady, SchemaTooNew
+from taskq.migrations import migrate, migrate_dsn
+
+EXPECTED_TABLES = {"jobs", "job_events", "job_attempts", "workers", "schema_migrations"}
+
+
+@pytest.fixture
+async def conn(empty_dsn: str) -> AsyncIterator[AsyncConnection[Any]]:
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as c:
+        yield c
+
+
+async def _scalar(conn: AsyncConnection[Any], query: str, params: Any = None) -> Any:
+    cur = await conn.execute(query, params)
+    row = await cur.fetchone()
+    assert row is not None
+    return row[0]
+
+
+async def _insert_job(conn: AsyncConnection[Any], **columns: Any) -> None:
+    row = {"actor": "a"} | columns
+    names, values = list(row), list(row.values())
+    placeholders = ", ".join(["%s"] * len(values))
+    await conn.execute(
+        f"INSERT INTO taskq.jobs ({', '.join(names)}) VALUES ({placeholders})",
+        values,
+    )
+
+
+async def test_migrating_an_empty_database_creates_the_taskq_tables(conn: AsyncConnection[Any]) -> None:
+    outcome = await migrate(conn)
+    assert outcome.applied == tuple(m.version for m in sql.migrations())
+    assert outcome.current == sql.latest_version()
+    cur = await conn.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = 'taskq'")
+    assert {r[0] for r in await cur.fetchall()} == EXPECTED_TABLES
+
+
+async def test_migration_records_version_name_and_checksum(conn: AsyncConnection[Any]) -> None:
+    await migrate(conn)
+    cur = await conn.execute("SELECT version, name, checksum FROM taskq.schema_migrations ORDER BY version")
+    assert await cur.fetchall() == [(m.version, m.name, m.checksum) for m in sql.migrations()]
+
+
+async def test_migrated_schema_has_the_indexes_the_queries_rely_on(conn: AsyncConnection[Any]) -> None:
+    await migrate(conn)
+    cur = await conn.execute("SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'taskq'")
+    indexes = dict(await cur.fetchall())
+    for name in (
+        "jobs_pkey",
+        "jobs_claim_idx",
+        "jobs_tags_idx",
+        "jobs_created_at_idx",
+        "jobs_parent_idx",
+        "job_events_job_idx",
+        "job_attempts_pkey",
+        "job_attempts_open_idx",
+        "workers_heartbeat_idx",
+    ):
+        assert name in indexes, f"missing index {name}"
+    assert "USING gin (tags)" in indexes["jobs_tags_idx"]
+    claim = indexes["jobs_claim_idx"]
+    assert "(queue, priority, scheduled_at, id)" in claim
+    assert "WHERE" in claim and "'pending'" in claim and "'scheduled'" in claim
+    # the heartbeat finds a worker's rows through a partial index on running rows (its name is free)
+    assert any(
+        "ON taskq.jobs USING btree (worker_id" in d and "WHERE (status = 'running'::text)" in d
+        for d in indexes.values()
+    ), indexes
+
+
+@pytest.mark.parametrize(
+    "columns",
+    [
+        {"status": "paused"},
+        {"cancel_phase": 3},
+        {"cancel_phase": -1},
+        {
+            "status": "cancelled",
+            "finished_at": datetime.now(UTC),
+        },  # cancelled without a cancel request (invariant 3)
+        {"status": "running"},  # running without a worker and a lease
+        {"status": "succeeded"},  # terminal without finished_at
+        {"max_attempts": 0},
+        {"actor": ""},
+    ],
+    ids=[
+        "unknown-status",
+        "cancel-phase-3",
+        "cancel-phase-minus-1",
+        "cancelled-without-request",
+        "running-without-lease",
+        "terminal-without-finished-at",
+        "zero-max-attempts",
+        "empty-actor",
+    ],
+)
+async def test_check_constraints_reject_impossible_rows(conn: AsyncConnection[Any], columns: dict[str, Any]) -> None:
+    await migrate(conn)
+    with pytest.raises(errors.CheckViolation):
+        await _insert_job(conn, **columns)
+    assert await _scalar(conn, "SELECT count(*) FROM taskq.jobs") == 0
+
+
+@pytest.mark.parametrize("phase", [0, 1, 2])
+async def test_cancel_phases_zero_to_two_are_storable(conn: AsyncConnection[Any], phase: int) -> None:
+    await migrate(conn)
+    await _insert_job(conn, cancel_phase=phase)
+    assert await _scalar(conn, "SELECT cancel_phase FROM taskq.jobs") == phase
+
+
+async def test_running_migrate_again_applies_nothing(conn: AsyncConnection[Any]) -> None:
+    await migrate(conn)
+    applied_at = await _scalar(conn, "SELECT applied_at FROM taskq.schema_migrations WHERE version = 1")
+    again = await migrate(conn)
+    assert again.applied == ()
+    assert again.current == sql.latest_version()
+    assert await _scalar(conn, "SELECT count(*) FROM taskq.schema_migrations") == len(sql.migrations())
+    assert await _scalar(conn, "SELECT applied_at FROM taskq.schema_migrations WHERE version = 1") == applied_at
+
+
+async def test_two_concurrent_migrations_both_succeed_and_apply_each_version_once(empty_dsn: str) -> None:
+    async with (
+        await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as first,
+        await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as second,
+    ):
+        outcomes = await asyncio.gather(migrate(first), migrate(second))
+        applied = sorted(v for o in outcomes for v in o.applied)
+        assert applied == [m.version for m in sql.migrations()]
+        assert {o.current for o in outcomes} == {sql.latest_version()}
+        assert await _scalar(first, "SELECT count(*) FROM taskq.schema_migrations") == len(sql.migrations())
+
+
+async def test_migrate_dsn_migrates_and_a_client_can_then_connect(empty_dsn: str) -> None:
+    outcome = await migrate_dsn(empty_dsn)
+    assert outcome.current == sql.latest_version()
+    async with await JobsClient.connect(empty_dsn) as client:
+        assert await client.get("00000000-0000-0000-0000-000000000000") is None
+
+
+async def _record_future_version(conn: AsyncConnection[Any]) -> int:
+    future = sql.latest_version() + 1
+    await conn.execute(
+        "INSERT INTO taskq.schema_migrations (version, name, checksum) VALUES (%s, 'from_the_future', 'x')",
+        [future],
+    )
+    return future
+
+
+async def test_client_refuses_a_schema_newer_than_the_code(conn: AsyncConnection[Any], empty_dsn: str) -> None:
+    await migrate(conn)
+    future = await _record_future_version(conn)
+    with pytest.raises(SchemaTooNew, match=f"version {future}"):
+        await JobsClient.connect(empty_dsn)
+
+
+async def test_migrate_refuses_a_schema_newer_than_the_code(conn: AsyncConnection[Any]) -> None:
+    await migrate(conn)
+    await _record_future_version(conn)
+    with pytest.raises(SchemaTooNew, match="upgrade taskq"):
+        await migrate(conn)
+
+
+async def test_client_on_a_database_without_the_schema_says_to_run_taskq_migrate(empty_dsn: str) -> None:
+    with pytest.raises(SchemaNotReady, match="`taskq migrate`"):
+        await JobsClient.connect(empty_dsn)
+
+
+async def test_client_on_a_database_with_no_migration_applied_says_to_run_taskq_migrate(
+    conn: AsyncConnection[Any], empty_dsn: str
+) -> None:
+    await conn.execute(sql.query("migrations_bootstrap"))
+    with pytest.raises(SchemaNotReady, match="`taskq migrate`"):
+        await JobsClient.connect(empty_dsn)
