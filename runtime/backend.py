@@ -234,7 +234,7 @@ async def check_schema(conn: AsyncConnection[Any]) -> int:
     except errors.UndefinedTable:
         await conn.rollback()
         raise SchemaNotReady("the database has no taskq schema: run `taskq migrate`") from None
-    version = int(row[0]) if row else 0  # type: ignore[index]
+    version = int(row[0]) if row else 0
     latest = sql.latest_version()
     if version < latest:
         raise SchemaNotReady(f"the taskq schema is at version {version}, this taskq needs {latest}: run `taskq migrate`")

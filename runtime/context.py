@@ -56,7 +56,8 @@ class ChildJobs:
 
     def enqueue_sync(self, target: Actor[Any, Any] | str, payload: Any, **options: Any) -> JobHandle[Any]:
         """From a thread actor: marshalled onto the worker's event loop and awaited."""
-        return self._ctx._call_on_loop(self.enqueue(target, payload, **options))
+        handle: JobHandle[Any] = self._ctx._call_on_loop(self.enqueue(target, payload, **options))
+        return handle
 
 
 class JobContext(Generic[P]):

