@@ -62,7 +62,7 @@ async def wait_for(predicate: Any, timeout: float = 10.0, interval: float = 0.02
 
 def query(dsn: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        cur = conn.execute(sql, params)  # type: ignore[arg-type]
+        cur = conn.execute(sql, params)
         return cur.fetchall() if cur.description else []
 
 

@@ -32,7 +32,7 @@ def transitions(from_phase: int, to_phase: int) -> float:
 
 async def sql(client: JobsClient, query: str, *params: Any) -> list[tuple[Any, ...]]:
     async with client.backend.pool.connection() as conn:
-        cur = await conn.execute(query, params)  # type: ignore[arg-type]
+        cur = await conn.execute(query, params)
         return await cur.fetchall() if cur.description else []
 
 

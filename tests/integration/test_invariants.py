@@ -82,7 +82,7 @@ async def test_each_kind_of_corruption_is_reported(
 ) -> None:
     await client.enqueue("x", 1)
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute(corruption)  # type: ignore[arg-type]
+        await conn.execute(corruption)
     report = await report_for(dsn)
     assert invariant in {v.invariant for v in report.violations}, report.render()
     assert "violations: 0" not in report.render()
