@@ -79,6 +79,10 @@ WHERE NOT EXISTS (SELECT 1 FROM renewed);
 -- Every outcome of an attempt, batched: succeeded / failed / cancelled / abandoned / crashed, or
 -- 'scheduled' for a retry after retry_delay seconds. Rows whose fence fails are left alone; the
 -- caller counts them as stale writes. A cancelled verdict needs a real cancel request on the row.
+-- A retry is never written over an operator's cancel request: an attempt that failed after the request
+-- committed but before its worker saw it ends cancelled (the marker of the row's cancel phase), as the
+-- sweeper and the shutdown release do; re-running it would drop the request the operator was told
+-- had been initiated.
 -- The arrays are sent in binary (the `b` placeholders): as text, every element would cost the worker
 -- a regex escape.
 WITH i AS (
@@ -87,23 +91,38 @@ WITH i AS (
                          %(retry_delays)b::float8[], %(outcomes)b::text[], %(details)b::jsonb[])
         AS t(id, attempt, epoch, status, result, error_class, error_message, retry_delay, outcome, detail)
 ), upd AS (
+    -- the cancel request is read from the locked row (not from the statement's snapshot), so a request
+    -- that commits while this statement waits for the row lock is honoured too
     UPDATE taskq.jobs AS j SET
-        status = i.status,
+        status = CASE WHEN i.status = 'scheduled' AND j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                      ELSE i.status END,
         result = CASE WHEN i.status = 'succeeded' THEN i.result ELSE j.result END,
-        error_class = CASE WHEN i.status = 'succeeded' THEN NULL ELSE i.error_class END,
+        error_class = CASE WHEN i.status = 'succeeded' THEN NULL
+                           WHEN i.status = 'scheduled' AND j.cancel_requested_at IS NOT NULL
+                           THEN CASE WHEN j.cancel_phase >= 2 THEN 'CancelledForced' ELSE 'CancelledCooperatively' END
+                           ELSE i.error_class END,
         error_message = CASE WHEN i.status = 'succeeded' THEN NULL ELSE i.error_message END,
-        finished_at = CASE WHEN i.status = 'scheduled' THEN NULL ELSE now() END,
-        scheduled_at = CASE WHEN i.status = 'scheduled'
+        finished_at = CASE WHEN i.status = 'scheduled' AND j.cancel_requested_at IS NULL THEN NULL ELSE now() END,
+        scheduled_at = CASE WHEN i.status = 'scheduled' AND j.cancel_requested_at IS NULL
                             THEN now() + i.retry_delay * interval '1 second' ELSE j.scheduled_at END,
-        worker_id = CASE WHEN i.status = 'scheduled' THEN NULL ELSE j.worker_id END,
+        worker_id = CASE WHEN i.status = 'scheduled' AND j.cancel_requested_at IS NULL THEN NULL
+                         ELSE j.worker_id END,
         lock_expires_at = NULL,
-        cancel_phase = CASE WHEN i.status = 'scheduled' THEN 0
+        cancel_phase = CASE WHEN i.status = 'scheduled' AND j.cancel_requested_at IS NULL THEN 0
                             WHEN i.error_class = 'CancelledForced' THEN 2 ELSE j.cancel_phase END
     FROM i
     WHERE j.id = i.id AND j.status = 'running' AND j.attempt = i.attempt AND j.claim_epoch = i.epoch
       AND (i.status <> 'cancelled' OR j.cancel_requested_at IS NOT NULL)
-    RETURNING j.id, j.attempt, j.claim_epoch, %(worker_id)s::text AS worker_id, i.status, i.outcome,
-              i.error_class, i.error_message, i.detail
+    -- j.* here is the row as written: a retry turned into a cancel reads status 'cancelled'
+    RETURNING j.id, j.attempt, j.claim_epoch, %(worker_id)s::text AS worker_id, j.status,
+              CASE WHEN i.status = 'scheduled' AND j.status = 'cancelled' THEN 'cancelled' ELSE i.outcome END
+                  AS outcome,
+              CASE WHEN i.status = 'scheduled' AND j.status = 'cancelled' THEN j.error_class ELSE i.error_class END
+                  AS error_class,
+              i.error_message,
+              CASE WHEN i.status = 'scheduled' AND j.status = 'cancelled'
+                   THEN jsonb_build_object('raised', i.error_class, 'retry_dropped', true)
+                   ELSE i.detail END AS detail
 ), att AS (
     UPDATE taskq.job_attempts AS a SET
         finished_at = now(), outcome = u.outcome, error_class = u.error_class, error_message = u.error_message
@@ -193,13 +212,18 @@ WITH upd AS (
 )
 SELECT id FROM upd;
 
--- name: job_sweep_expired
--- Reclaim running rows whose lease ran out (their worker died or froze). Verdicts: a cancel was in
--- flight -> cancelled with NULL marker; deadline passed -> failed; budget left -> scheduled after a
--- backoff; otherwise crashed. The attempt is never refunded.
+-- name: job_reclaim
+-- Reclaim running rows whose worker is gone: with %(worker_id)s NULL, the sweeper's case (every row
+-- whose lease ran out: its worker died or froze); with a worker id, the supervisor's (it saw that
+-- worker die, so its rows need not wait for lock expiry). One set of verdicts for both: a cancel was
+-- in flight -> cancelled with NULL marker; deadline passed -> failed; budget left -> scheduled after
+-- a backoff; otherwise crashed. The attempt is never refunded; the attempts row says WorkerCrashed.
+-- SKIP LOCKED: a row some live transaction holds is left for the next sweep.
 WITH expired AS (
     SELECT id FROM taskq.jobs
-    WHERE status = 'running' AND lock_expires_at < now()
+    WHERE status = 'running'
+      AND CASE WHEN %(worker_id)s::text IS NULL THEN lock_expires_at < now()
+               ELSE worker_id = %(worker_id)s::text END
     ORDER BY lock_expires_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -208,7 +232,9 @@ WITH expired AS (
            CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
                 WHEN j.schedule_to_close IS NOT NULL AND j.schedule_to_close <= now() THEN 'failed'
                 WHEN j.attempt < j.max_attempts THEN 'scheduled'
-                ELSE 'crashed' END AS status
+                ELSE 'crashed' END AS status,
+           coalesce(%(detail)s::text, format('stopped renewing its lease (lock expired at %%s)',
+                                             j.lock_expires_at)) AS why
     FROM taskq.jobs AS j JOIN expired AS e ON e.id = j.id
 ), upd AS (
     UPDATE taskq.jobs AS j SET
@@ -226,22 +252,21 @@ WITH expired AS (
                                     ELSE 'WorkerCrashed' END,
         error_message = CASE v.status WHEN 'cancelled' THEN NULL
                                       WHEN 'failed' THEN 'schedule_to_close passed while its worker was gone'
-                                      ELSE format('worker %%s stopped renewing its lease (lock expired at %%s)',
-                                                  v.worker_id, v.lock_expires_at) END
+                                      ELSE format('worker %%s %%s', v.worker_id, v.why) END
     FROM verdict AS v
-    WHERE j.id = v.id
-    RETURNING j.id, v.attempt, v.claim_epoch, v.worker_id, v.status, v.lock_expires_at
+    WHERE j.id = v.id AND j.status = 'running' AND j.attempt = v.attempt AND j.claim_epoch = v.claim_epoch
+    RETURNING j.id, v.attempt, v.claim_epoch, v.worker_id, v.status, v.lock_expires_at, v.why
 ), att AS (
     UPDATE taskq.job_attempts AS a SET finished_at = now(), outcome = 'crashed', error_class = 'WorkerCrashed',
-        error_message = format('%%s: lease expired at %%s without renewal (worker %%s)',
-                               %(cause)s::text, u.lock_expires_at, u.worker_id)
+        error_message = format('%%s: worker %%s %%s', %(cause)s::text, u.worker_id, u.why)
     FROM upd AS u
     WHERE a.job_id = u.id AND a.claim_epoch = u.claim_epoch
 ), ev AS (
     INSERT INTO taskq.job_events (job_id, kind, from_status, to_status, attempt, worker_id, detail)
     SELECT u.id, 'state_change', 'running', u.status, u.attempt, u.worker_id,
-           jsonb_build_object('cause', %(cause)s::text, 'lock_expired_at', u.lock_expires_at,
-                              'swept_by', %(sweeper_id)s::text, 'claim_epoch', u.claim_epoch)
+           jsonb_strip_nulls(jsonb_build_object(
+               'cause', %(cause)s::text, 'lock_expired_at', u.lock_expires_at, 'swept_by', %(sweeper_id)s::text,
+               'worker_exit', %(detail)s::text, 'claim_epoch', u.claim_epoch))
     FROM upd AS u
 )
 SELECT u.id, u.status FROM upd AS u;

@@ -1,7 +1,7 @@
 """Handing a dead worker's leases to the crash-reclaim path at once, with bounded retries.
 
 The supervisor learns of a death from waitpid() long before the worker's leases expire. Reclaiming
-then (job_reclaim_dead_worker: the sweeper's verdicts and fences, without waiting for lock_timeout)
+then (job_reclaim with its worker id: the sweeper's verdicts and fences, without waiting for lock_timeout)
 gets the jobs retried in about a second instead of a lease length. When the database is unreachable
 the attempt is retried with backoff until lock_timeout has passed; after that the lock-expiry sweeper
 of any worker recovers the rows anyway.

@@ -14,6 +14,8 @@ from taskq.backend import connect_error
 
 CONNECT_TIMEOUT = 3
 """Seconds (libpq takes whole seconds, at least 2)."""
+RECLAIM_LIMIT = 1_000_000
+"""No real bound: one worker holds at most `concurrency` rows."""
 STATEMENT_TIMEOUT_MS = 5000
 RETRY_BASE_DELAY = 1.0
 RETRY_MAX_DELAY = 60.0
@@ -35,14 +37,16 @@ def reclaim_dead_worker(
     with _connect(dsn, autocommit=False) as conn:
         with conn.transaction():
             conn.execute(sql.query("supervisor_tx_timeouts"), {"ms": STATEMENT_TIMEOUT_MS})
+            # the sweeper's query and verdicts, for this worker's rows only and without waiting for expiry
             cur = conn.execute(
-                sql.query("job_reclaim_dead_worker"),
-                {"worker_id": worker_id, "cause": cause, "detail": detail, "reclaimer_id": reclaimer_id,
-                 "base_delay": RETRY_BASE_DELAY, "max_delay": RETRY_MAX_DELAY},
+                sql.query("job_reclaim"),
+                {"worker_id": worker_id, "cause": cause, "detail": detail, "sweeper_id": reclaimer_id,
+                 "limit": RECLAIM_LIMIT, "base_delay": RETRY_BASE_DELAY, "max_delay": RETRY_MAX_DELAY},
             )
             counts: dict[str, int] = {}
             for _job_id, status in cur.fetchall():
                 counts[str(status)] = counts.get(str(status), 0) + 1
+            conn.execute(sql.query("worker_deregister"), {"id": worker_id})
         return counts
 
 

@@ -161,9 +161,9 @@ class WorkerStore:
     ) -> dict[str, int]:
         async with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(
-                sql.query("job_sweep_expired"),
-                {"limit": limit, "base_delay": base_delay, "max_delay": max_delay, "cause": cause,
-                 "sweeper_id": self.worker_id},
+                sql.query("job_reclaim"),
+                {"worker_id": None, "detail": None, "limit": limit, "base_delay": base_delay,
+                 "max_delay": max_delay, "cause": cause, "sweeper_id": self.worker_id},
             )
             counts: dict[str, int] = {}
             for row in await cur.fetchall():
