@@ -237,7 +237,9 @@ async def check_schema(conn: AsyncConnection[Any]) -> int:
     version = int(row[0]) if row else 0
     latest = sql.latest_version()
     if version < latest:
-        raise SchemaNotReady(f"the taskq schema is at version {version}, this taskq needs {latest}: run `taskq migrate`")
+        raise SchemaNotReady(
+            f"the taskq schema is at version {version}, this taskq needs {latest}: run `taskq migrate`"
+        )
     if version > latest:
         raise SchemaTooNew(
             f"the taskq schema is at version {version}, newer than this taskq knows ({latest}): upgrade taskq"

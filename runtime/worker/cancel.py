@@ -85,10 +85,7 @@ class CancelController:
                 if escalated:
                     # the write above precedes the force with no await in between
                     entry.cancel_phase = CancelPhase.FORCED
-                    if entry.executor is not None:
-                        entry.executor.force_cancel(entry)
-                    elif entry.task is not None:
-                        entry.task.cancel(msg="taskq: forced cancel")
+                    entry.force("forced cancel")
                     log_cancel_phase_change(entry, CancelPhase.COOPERATIVE, CancelPhase.FORCED, self.w.worker_id)
                 # never abandon in the tick that escalated: the forced actor gets at least one tick
                 continue

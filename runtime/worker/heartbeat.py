@@ -9,7 +9,6 @@ import time
 from typing import TYPE_CHECKING
 
 from taskq.metrics import HEARTBEAT_FAILURES, HEARTBEAT_TICK, JOBS_IN_FLIGHT
-from taskq.models import CancelOrigin
 
 if TYPE_CHECKING:
     from taskq.worker.main import Worker
@@ -32,7 +31,8 @@ class Heartbeat:
         interval = self.w.settings.heartbeat_interval
         next_tick = loop.time() + interval
         while True:
-            await asyncio.sleep(max(0.0, next_tick - loop.time()))
+            # wake at the lease deadline too: a renewal that keeps failing must not outlive the lease
+            await asyncio.sleep(max(0.0, min(next_tick, self.lease_deadline()) - loop.time()))
             next_tick += interval
             if next_tick < loop.time():  # fell behind (a long tick): do not burst to catch up
                 next_tick = loop.time() + interval
@@ -40,23 +40,42 @@ class Heartbeat:
             if self.w.leases_lost:
                 return
 
+    def lease_deadline(self) -> float:
+        """When (loop clock) the leases this worker holds run out if no renewal gets through: the start
+        of the last successful tick plus lock_timeout. The database computed each lease from its own
+        `now()` during that tick, so this is never later than the real expiry."""
+        assert self.last_success is not None
+        return self.last_success + self.w.settings.lock_timeout
+
     async def tick(self) -> None:
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
+        tick_start = loop.time()
         held = self.w.registry.held()
+        if not held or self.last_success is None:
+            # nothing held, nothing to lose: a job claimed from now on has a lease of its own from now
+            self.last_success = tick_start
+        deadline = self.lease_deadline()
+        if deadline <= tick_start and self.consecutive_failures == 0:
+            # the process was frozen past the deadline (SIGSTOP, a VM pause): ask the database whether the
+            # rows are still ours instead of assuming; one interval to answer
+            deadline = tick_start + self.w.settings.heartbeat_interval
         try:
-            async with self.w.backend.pool.connection() as conn, conn.transaction():
-                rows, worker_row = await self.w.store.heartbeat(conn, held, self.w.settings.lock_timeout)
-                await self.w.controller.run_in_tx(conn, rows)
+            # a tick still waiting on the database when the leases run out is abandoned: from then on
+            # another worker's sweeper may own the rows, and our actors must stop
+            async with asyncio.timeout_at(deadline):
+                async with self.w.backend.pool.connection() as conn, conn.transaction():
+                    rows, worker_row = await self.w.store.heartbeat(conn, held, self.w.settings.lock_timeout)
+                    await self.w.controller.run_in_tx(conn, rows)
             await self.w.controller.run_post_tx()
         except Exception as exc:
             self.consecutive_failures += 1
             HEARTBEAT_FAILURES.set(self.consecutive_failures)
-            assert self.last_success is not None
-            silent_for = loop.time() - self.last_success
+            silent_for = loop.time() - (self.last_success or tick_start)
+            reason = "no answer before the lease deadline" if isinstance(exc, TimeoutError) else str(exc)
             log.warning("heartbeat failed (%d in a row, %.1fs since the last renewal): %s",
-                        self.consecutive_failures, silent_for, exc)
-            if silent_for >= self.w.settings.lock_timeout:
+                        self.consecutive_failures, silent_for, reason)
+            if silent_for >= self.w.settings.lock_timeout and len(self.w.registry):
                 self.w.lose_leases(f"no lease renewal for {silent_for:.1f}s (lock_timeout "
                                    f"{self.w.settings.lock_timeout:g}s)")
             return
@@ -68,7 +87,7 @@ class Heartbeat:
                 del self.tick_durations[:5_000]
         self.ticks += 1
         JOBS_IN_FLIGHT.set(len(self.w.registry))
-        self.last_success = loop.time()
+        self.last_success = tick_start
         if self.consecutive_failures:
             log.info("heartbeat recovered after %d failures", self.consecutive_failures)
         self.consecutive_failures = 0
@@ -82,10 +101,4 @@ class Heartbeat:
                 # reclaimed by a sweeper or finished elsewhere: stop locally, never write
                 log.warning("job %s attempt %d: lease lost (row no longer held by this attempt); stopping it",
                             entry.id, entry.attempt)
-                entry.request_cancel(CancelOrigin.LEASE_LOST)
-                entry.cancel_origin = CancelOrigin.LEASE_LOST
-                entry.finishing = True
-                if entry.executor is not None:
-                    entry.executor.force_cancel(entry)
-                elif entry.task is not None:
-                    entry.task.cancel(msg="taskq: lease lost")
+                entry.drop_lease()

@@ -8,7 +8,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any
 
 from taskq.actors.declaration import Actor, ActorRegistry, as_registry
@@ -29,6 +29,9 @@ from taskq.worker.store import ClaimedJob, WorkerStore
 from taskq.worker.sweeper import Sweeper
 
 log = logging.getLogger("taskq.worker")
+
+LOST_LEASES_FINAL_STEP_BUDGET = 2.0
+"""Seconds each final database step (writes, deregistration) may take once the leases were lost."""
 
 
 class ShutdownWatchdog:
@@ -136,13 +139,7 @@ class Worker:
         self.leases_lost = True
         self.exit_code = exitcodes.LEASES_LOST
         for entry in self.registry:
-            entry.request_cancel(CancelOrigin.LEASE_LOST)
-            entry.cancel_origin = CancelOrigin.LEASE_LOST
-            entry.finishing = True
-            if entry.executor is not None:
-                entry.executor.force_cancel(entry)
-            elif entry.task is not None:
-                entry.task.cancel(msg="taskq: leases lost")
+            entry.drop_lease()
         self.request_shutdown()
 
     def request_shutdown(self) -> None:
@@ -231,7 +228,7 @@ class Worker:
                 task.cancel()
             await asyncio.gather(*services.values(), stop_wait, return_exceptions=True)
             try:
-                await self.completer.drain()
+                await self._final_step(self.completer.drain(), "final writes")
             finally:
                 completer.cancel()
                 await asyncio.gather(completer, return_exceptions=True)
@@ -267,10 +264,7 @@ class Worker:
                 continue
             if entry.cancel_origin is CancelOrigin.OPERATOR and entry.cancel_phase < CancelPhase.FORCED:
                 entry.cancel_phase = CancelPhase.FORCED
-            if entry.executor is not None:
-                entry.executor.force_cancel(entry)
-            elif entry.task is not None:
-                entry.task.cancel(msg="taskq: shutdown")
+            entry.force("shutdown")
         await self._wait_empty(s.cleanup_grace_period)
         # RELEASING: operator-cancelled rows end cancelled (forced); the rest go back to the fleet.
         # An actor still executing (a thread stuck in C) keeps its row: releasing it would let a second
@@ -306,11 +300,21 @@ class Worker:
             except TimeoutError:
                 pass
 
-    async def _close(self) -> None:
+    async def _final_step(self, step: Coroutine[Any, Any, None], what: str) -> None:
+        """A last database step of the exit path. After the leases were lost the database was out of
+        reach for lock_timeout: give it LOST_LEASES_FINAL_STEP_BUDGET seconds rather than the pool's own
+        waits, so the worker exits LEASES_LOST promptly instead of being killed by its watchdog."""
+        budget = LOST_LEASES_FINAL_STEP_BUDGET if self.leases_lost else None
         try:
-            await self.completer.drain()
+            async with asyncio.timeout(budget):
+                await step
+        except TimeoutError:
+            log.warning("%s: no answer from the database in time; the sweeper will clean up", what)
         except Exception as exc:
-            log.warning("final writes failed: %s", exc)
+            log.warning("%s failed: %s", what, exc)
+
+    async def _close(self) -> None:
+        await self._final_step(self.completer.drain(), "final writes")
         for task in list(self.consumers.tasks):
             task.cancel()
         if self.consumers.tasks:
@@ -324,11 +328,8 @@ class Worker:
                 log.warning("reaping %s failed: %s", type(executor).__name__, exc)
         if self.consumers.tasks:
             await asyncio.wait(self.consumers.tasks, timeout=1.0)
-        await self.completer.drain()
-        try:
-            await self.store.deregister()
-        except Exception as exc:
-            log.warning("could not deregister worker: %s", exc)
+        await self._final_step(self.completer.drain(), "final writes")
+        await self._final_step(self.store.deregister(), "deregistering the worker")
         await self.backend.close()
 
     def _describe_held(self) -> list[str]:

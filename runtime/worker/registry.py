@@ -58,6 +58,20 @@ class ActiveJob:
         if self.executor is not None:
             self.executor.request_cancel(self)
 
+    def force(self, why: str) -> None:
+        """The force path: through the executor once the actor started, else cancel the consumer task."""
+        if self.executor is not None:
+            self.executor.force_cancel(self)
+        elif self.task is not None:
+            self.task.cancel(msg=f"taskq: {why}")
+
+    def drop_lease(self) -> None:
+        """This worker no longer holds the row (or cannot prove it does): stop the actor, write nothing."""
+        self.request_cancel(CancelOrigin.LEASE_LOST)
+        self.cancel_origin = CancelOrigin.LEASE_LOST
+        self.finishing = True
+        self.force("lease lost")
+
 
 class ActiveJobRegistry:
     def __init__(self) -> None:
