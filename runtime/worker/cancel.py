@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 from psycopg import AsyncConnection
@@ -17,12 +18,14 @@ from psycopg import AsyncConnection
 from taskq.metrics import CANCELLATION_PHASE_TRANSITIONS
 from taskq.models import CancelMarker, CancelOrigin, CancelPhase
 from taskq.worker.registry import ActiveJob
-from taskq.worker.store import Finish, HeldRow
+from taskq.worker.store import HeldRow
 
 if TYPE_CHECKING:
     from taskq.worker.main import Worker
 
 log = logging.getLogger("taskq.cancellation")
+
+T = TypeVar("T")
 
 VALID_TRANSITIONS = frozenset({(0, 1), (1, 2), (2, 3), (0, 2)})
 
@@ -38,6 +41,17 @@ def log_cancel_phase_change(entry: ActiveJob, old: CancelPhase, new: CancelPhase
         extra={"job_id": str(entry.id), "attempt": entry.attempt, "from_phase": pair[0], "to_phase": pair[1],
                "worker_id": worker_id, "cancel_origin": str(entry.cancel_origin)},
     )
+
+
+async def shield_with_retrieval(aw: Awaitable[T]) -> T:
+    """Await `aw` so that cancelling the caller does not cancel it; if the caller is cancelled anyway,
+    the shielded task's outcome is still retrieved (no "exception was never retrieved")."""
+    task = asyncio.ensure_future(aw)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(lambda t: None if t.cancelled() else t.exception())
+        raise
 
 
 class CancelController:
@@ -97,37 +111,34 @@ class CancelController:
     async def run_post_tx(self) -> None:
         while self._pending_abandons:
             entry = self._pending_abandons.pop(0)
-            await asyncio.shield(self._write_verdict(entry))
+            await shield_with_retrieval(self._write_verdict(entry))
 
     async def _write_verdict(self, entry: ActiveJob) -> None:
-        job = entry.job
+        """The verdict follows the cancel's ownership (spec §3): while the shutdown orchestration runs,
+        a held entry gets the operator's own verdict (cancelled, forced); otherwise abandoned."""
+        s = self.w.settings
         held = entry.id in self.w.registry
-        if held and self.w.shutdown_active:
-            verdict = Finish(
-                job_id=job.id, attempt=job.attempt, claim_epoch=job.claim_epoch, status="cancelled",
-                outcome="cancelled", error_class=CancelMarker.FORCED.value,
-                error_message="cancelled at phase 2 while the worker was shutting down",
-                detail={"cancel_phase": 2},
-            )
-        else:
-            verdict = Finish(
-                job_id=job.id, attempt=job.attempt, claim_epoch=job.claim_epoch, status="abandoned",
-                outcome="abandoned", error_class=CancelMarker.ABANDONED.value,
-                error_message=(
-                    f"the actor did not exit within cancellation_grace_period + cleanup_grace_period "
-                    f"({self.w.settings.cancellation_grace_period + self.w.settings.cleanup_grace_period:g} s)"
-                ),
-                detail={"cancel_phase": 2},
-            )
         entry.finishing = True
         try:
-            written = await self.w.completer.finish(verdict)
+            if held and self.w.shutdown_active:
+                status = "cancelled"
+                written = await self.w.completer.mark_cancelled(
+                    entry.job, CancelMarker.FORCED, "cancelled at phase 2 while the worker was shutting down",
+                    {"cancel_phase": 2},
+                )
+            else:
+                status = "abandoned"
+                written = await self.w.completer.mark_abandoned(
+                    entry.job,
+                    f"the actor did not exit within cancellation_grace_period + cleanup_grace_period "
+                    f"({s.cancellation_grace_period + s.cleanup_grace_period:g} s)",
+                )
         except Exception as exc:
-            log.error("job %s: %s verdict not written (%s)", entry.id, verdict.status, exc)
-            written = False
+            log.error("job %s: abandonment verdict not written (%s)", entry.id, exc)
+            status, written = "", False
         if entry.executor is not None:
             entry.executor.kill(entry)
         self.w.registry.remove(entry.id, entry)
-        if written and verdict.status == "cancelled" and entry.actor and entry.actor.on_cancel:
+        if written and status == "cancelled" and entry.actor and entry.actor.on_cancel:
             await self.w.hooks.run(entry.actor.on_cancel, entry, entry.actor.on_cancel_timeout, "on_cancel")
         self.w.on_abandoned(entry)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from taskq.metrics import STALE_WRITES
-from taskq.worker.store import Finish, WorkerStore
+from taskq.models import CancelMarker
+from taskq.worker.store import ClaimedJob, Finish, WorkerStore
 
 log = logging.getLogger("taskq.worker")
 
@@ -42,6 +44,24 @@ class Completer:
         self._loop = asyncio.get_running_loop()
         return self._loop
 
+    async def mark_cancelled(
+        self, job: ClaimedJob, marker: CancelMarker, message: str, detail: dict[str, Any] | None = None
+    ) -> bool:
+        """The spec's mark_cancelled: fenced, and refused by the database unless an operator's cancel
+        request is on the row. True if it changed the row."""
+        return await self.finish(Finish(
+            job_id=job.id, attempt=job.attempt, claim_epoch=job.claim_epoch, status="cancelled",
+            outcome="cancelled", error_class=marker.value, error_message=message, detail=detail,
+        ))
+
+    async def mark_abandoned(self, job: ClaimedJob, message: str) -> bool:
+        """The spec's mark_abandoned: the holder ignored the cancel past both graces (CancelAbandoned)."""
+        return await self.finish(Finish(
+            job_id=job.id, attempt=job.attempt, claim_epoch=job.claim_epoch, status="abandoned",
+            outcome="abandoned", error_class=CancelMarker.ABANDONED.value, error_message=message,
+            detail={"cancel_phase": 2},
+        ))
+
     async def run(self) -> None:
         while True:
             await self._wake.wait()
@@ -64,9 +84,13 @@ class Completer:
         delay = 0.05
         while True:
             try:
-                written = await self._store.finish_batch([item for item, _ in batch])
+                # bounded by the deadline itself: the pool alone would wait its own timeout per attempt
+                async with asyncio.timeout_at(deadline):
+                    written = await self._store.finish_batch([item for item, _ in batch])
                 break
             except Exception as exc:
+                if isinstance(exc, TimeoutError):
+                    exc = TimeoutError(f"the database did not answer within {self._give_up_after:g}s")
                 if loop.time() + delay > deadline:
                     log.error("giving up writing %d outcomes after %.1fs: %s", len(batch), self._give_up_after, exc)
                     for _, future in batch:
