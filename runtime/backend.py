@@ -256,9 +256,15 @@ class Backend:
 
     @classmethod
     async def open(
-        cls, dsn: str, *, min_size: int = 1, max_size: int = 10, check: bool = True, timeout: float = 10.0
+        cls, dsn: str, *, min_size: int = 1, max_size: int = 10, check: bool = True, timeout: float = 10.0,
+        reconnect_timeout: float = 300.0,
     ) -> Self:
-        """Connect once to report a clear error (and check the schema), then open the pool."""
+        """Connect once to report a clear error (and check the schema), then open the pool.
+
+        `reconnect_timeout` bounds one series of reconnection attempts, whose delays double each time
+        (psycopg_pool); the next request for a connection starts a new series from one second. A short
+        value keeps a long outage from growing the delays so much that the pool stays empty for as long
+        again after the server is back."""
         try:
             probe = await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=int(max(1, timeout)))
         except psycopg.OperationalError as exc:
@@ -276,12 +282,14 @@ class Backend:
             open=False,
             name="taskq",
             timeout=timeout,
+            reconnect_timeout=reconnect_timeout,
         )
         await pool.open(wait=True, timeout=timeout)
         return cls(pool, dsn)
 
-    async def close(self) -> None:
-        await self.pool.close()
+    async def close(self, *, timeout: float = 5.0) -> None:
+        """Close the pool; `timeout` bounds the wait for its background tasks (reconnection attempts)."""
+        await self.pool.close(timeout=timeout)
 
     # -- enqueue ---------------------------------------------------------------------------------
 

@@ -184,9 +184,16 @@ def read_payload(text: str) -> Any:
             raise UsageError(f"cannot read the payload file {str(path)!r}: {exc}") from None
         source = f"the payload file {str(path)!r}"
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
         raise UsageError(f"{source} is not valid JSON: {exc}") from None
+    except ValueError as exc:
+        raise UsageError(f"{source} is not valid JSON: {exc}") from None
+
+
+def _reject_constant(token: str) -> Any:
+    # Python's json module accepts NaN and Infinity; JSON (and jsonb) does not
+    raise ValueError(f"{token} is not a JSON value (JSON has no NaN or Infinity)")
 
 
 # -- the command table ----------------------------------------------------------------------------
@@ -409,10 +416,11 @@ def worker_settings(args: argparse.Namespace) -> Any:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from taskq.worker.cli import AppImportError, configure_logging, load_app
+    from taskq.worker.cli import AppImportError, configure_logging, load_app, set_worker_title
     from taskq.worker.main import worker_main
 
     settings = worker_settings(args)
+    set_worker_title(args.app, settings)  # before anything slow: a --dsn on argv leaves `ps` at once
     try:
         registry = load_app(args.app)
     except AppImportError as exc:
@@ -492,7 +500,7 @@ COMMANDS: tuple[Command, ...] = (
         description="Run one worker process: claims jobs of its queues and runs APP's actors. SIGTERM or "
         "SIGINT release in-flight jobs back to the queue (a second SIGINT skips the grace). "
         "Worker exit codes: 0 clean stop, 10 APP not importable, "
-        "12 leases lost (database unreachable for lock_timeout), 13 shutdown watchdog fired, "
+        "12 leases lost (database unreachable for lock_timeout while holding jobs), 13 shutdown watchdog fired, "
         "14 restarted to reclaim leaked actor threads.",
     ),
     Command(

@@ -20,8 +20,14 @@ def resolve_dsn(dsn: str | None = None) -> str:
         return embedded_dsn()
     try:
         conninfo_to_dict(chosen)
-    except psycopg.ProgrammingError as exc:
-        raise ConfigurationError(f"invalid DSN {redact_dsn(chosen)!r}: {exc}") from None
+    except psycopg.ProgrammingError:
+        # psycopg's message quotes the text around the fault, which may be a piece of the password
+        # (`password=two words` -> missing "=" after "words"): say nothing of the DSN's content
+        raise ConfigurationError(
+            "invalid DSN: expected a URL (postgresql://user@host:port/dbname) or key=value pairs "
+            "(host=... dbname=...), with values containing spaces in single quotes; "
+            "the DSN is not shown because it may contain a password"
+        ) from None
     return chosen
 
 

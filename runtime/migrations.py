@@ -32,7 +32,13 @@ async def migrate(conn: AsyncConnection[Any]) -> MigrationOutcome:
     known = sql.migrations()
     async with conn.transaction():
         await conn.execute(sql.query("migrations_lock"), {"key": MIGRATION_LOCK_KEY})
-        await conn.execute(sql.query("migrations_bootstrap"))
+        try:
+            await conn.execute(sql.query("migrations_bootstrap"))
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise MigrationError(
+                f"cannot create the taskq schema ({str(exc).splitlines()[0]}): run `taskq migrate` as the role "
+                "that owns the taskq schema, with CREATE on the database (see docs/security.md)"
+            ) from None
     applied_now: list[int] = []
     for migration in known:
         async with conn.transaction():

@@ -68,8 +68,9 @@ def settings_from_args(args: argparse.Namespace) -> WorkerSettings:
 
 def describe_validation_error(exc: ValidationError) -> str:
     first = exc.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "settings"
-    return f"invalid setting {loc}: {first['msg']}"
+    loc = ".".join(str(p) for p in first["loc"])
+    message = first["msg"].removeprefix("Value error, ")
+    return f"invalid setting {loc}: {message}" if loc else f"invalid settings: {message}"
 
 
 def configure_logging() -> None:
@@ -77,6 +78,14 @@ def configure_logging() -> None:
         level=logging.INFO, stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
     )
+
+
+def set_worker_title(app: str, settings: WorkerSettings) -> None:
+    """Replace the command line `ps` shows (and /proc/<pid>/cmdline) with a title built from APP and
+    the queues: a `--dsn` typed on the command line, and its password, stop being visible to others."""
+    import setproctitle
+
+    setproctitle.setproctitle(f"taskq worker [q={','.join(settings.queues)}] {app}")
 
 
 def run_worker(app: str, settings: WorkerSettings) -> int:
@@ -96,13 +105,20 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 
 def command(args: argparse.Namespace) -> int:
     """Run `taskq worker` from parsed arguments; user errors print one line and return an exit code."""
-    from taskq.exceptions import DatabaseUnavailable, EmbeddedUnavailable, SchemaNotReady, SchemaTooNew
+    from taskq.exceptions import (
+        ConfigurationError,
+        DatabaseUnavailable,
+        EmbeddedUnavailable,
+        SchemaNotReady,
+        SchemaTooNew,
+    )
 
     try:
         settings = settings_from_args(args)
     except ValidationError as exc:
         print(f"taskq: error: {describe_validation_error(exc)}", file=sys.stderr)
         return exitcodes.USAGE
+    set_worker_title(args.app, settings)
     configure_logging()
     try:
         return run_worker(args.app, settings)
@@ -118,6 +134,9 @@ def command(args: argparse.Namespace) -> int:
     except EmbeddedUnavailable as exc:
         print(f"taskq: error: {exc}", file=sys.stderr)
         return exitcodes.EMBEDDED_UNAVAILABLE
+    except ConfigurationError as exc:  # e.g. a DSN that cannot be parsed
+        print(f"taskq: error: {exc}", file=sys.stderr)
+        return exitcodes.USAGE
     except KeyboardInterrupt:
         return exitcodes.OK
 

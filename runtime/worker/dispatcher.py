@@ -39,7 +39,12 @@ class Dispatcher:
                 jobs = await self.w.store.claim(s.queues, want, s.lock_timeout)
             except Exception as exc:
                 log.warning("claim failed: %s (retrying in %.2fs)", exc, backoff)
-                await asyncio.sleep(backoff)
+                # a NOTIFY (the listener is back, so is the database) cuts the backoff short
+                self.wake.clear()
+                try:
+                    await asyncio.wait_for(self.wake.wait(), backoff)
+                except TimeoutError:
+                    pass
                 backoff = min(backoff * 2, s.poll_interval)
                 continue
             backoff = 0.05

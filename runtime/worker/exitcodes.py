@@ -17,7 +17,8 @@ EMBEDDED_UNAVAILABLE = 6
 IMPORT_ERROR = 10
 """APP could not be imported or is not a list/registry of actors. Restarting will not help."""
 LEASES_LOST = 12
-"""The heartbeat could not renew for lock_timeout: actors stopped, nothing written, leases left to the sweeper."""
+"""The heartbeat could not renew for lock_timeout while holding jobs: actors stopped at the lease deadline,
+nothing written, leases left to the sweeper. (A worker holding no job waits for the database instead.)"""
 WATCHDOG = 13
 """The shutdown watchdog fired: the worker did not exit within shutdown_timeout (held jobs are recovered
 later by lock expiry, as crash reclaims)."""

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING
+from uuid import UUID
 
 from taskq.metrics import HEARTBEAT_FAILURES, HEARTBEAT_TICK, JOBS_IN_FLIGHT
 
@@ -14,6 +15,9 @@ if TYPE_CHECKING:
     from taskq.worker.main import Worker
 
 log = logging.getLogger("taskq.heartbeat")
+
+STUCK_TICK_SLACK = 0.05
+"""Seconds past its deadline a tick may take to unwind before the self-fence stops waiting for it."""
 
 
 class Heartbeat:
@@ -24,6 +28,7 @@ class Heartbeat:
         self.ticks = 0
         self.tick_durations: list[float] = []
         """Recent tick durations in seconds (bounded), for benchmarks and tests."""
+        self._stuck_ticks: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -36,7 +41,7 @@ class Heartbeat:
             next_tick += interval
             if next_tick < loop.time():  # fell behind (a long tick): do not burst to catch up
                 next_tick = loop.time() + interval
-            await self.tick()
+            await self._tick_within_lease()
             if self.w.leases_lost:
                 return
 
@@ -47,10 +52,38 @@ class Heartbeat:
         assert self.last_success is not None
         return self.last_success + self.w.settings.lock_timeout
 
-    async def tick(self) -> None:
+    async def _tick_within_lease(self) -> None:
+        """One tick, whose outcome the self-fence never waits for past the deadline. A tick cancelled at
+        the deadline can stay stuck for seconds more while psycopg tries to cancel a query on a server
+        that does not answer (hung, or behind a network partition); the actors must stop on time anyway,
+        so the stuck tick is left to finish on its own."""
         loop = asyncio.get_running_loop()
-        started = time.perf_counter()
-        tick_start = loop.time()
+        attempt = self._begin_tick()
+        task = loop.create_task(self._tick(*attempt), name="taskq-heartbeat-tick")
+        try:
+            await asyncio.wait({task}, timeout=max(0.0, attempt[2] - loop.time()) + STUCK_TICK_SLACK)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if task.done():
+            task.result()
+            return
+        task.cancel()
+        self._stuck_ticks.add(task)
+        task.add_done_callback(self._stuck_ticks.discard)
+        self._failed(TimeoutError(), attempt[1])
+
+    def stuck_ticks(self) -> list[asyncio.Task[None]]:
+        """Ticks given up at the lease deadline that have not finished unwinding yet."""
+        return list(self._stuck_ticks)
+
+    async def tick(self) -> None:
+        """One heartbeat transaction (renew, poll cancel flags, run the cancel controller)."""
+        await self._tick(*self._begin_tick())
+
+    def _begin_tick(self) -> tuple[list[tuple[UUID, int]], float, float]:
+        """The rows to renew, the tick's start and its deadline (loop clock)."""
+        tick_start = asyncio.get_running_loop().time()
         held = self.w.registry.held()
         if not held or self.last_success is None:
             # nothing held, nothing to lose: a job claimed from now on has a lease of its own from now
@@ -60,6 +93,21 @@ class Heartbeat:
             # the process was frozen past the deadline (SIGSTOP, a VM pause): ask the database whether the
             # rows are still ours instead of assuming; one interval to answer
             deadline = tick_start + self.w.settings.heartbeat_interval
+        return held, tick_start, deadline
+
+    def _failed(self, exc: BaseException, tick_start: float) -> None:
+        self.consecutive_failures += 1
+        HEARTBEAT_FAILURES.set(self.consecutive_failures)
+        silent_for = asyncio.get_running_loop().time() - (self.last_success or tick_start)
+        reason = "no answer before the lease deadline" if isinstance(exc, TimeoutError) else str(exc)
+        log.warning("heartbeat failed (%d in a row, %.1fs since the last renewal): %s",
+                    self.consecutive_failures, silent_for, reason)
+        if silent_for >= self.w.settings.lock_timeout and len(self.w.registry):
+            self.w.lose_leases(f"no lease renewal for {silent_for:.1f}s (lock_timeout "
+                               f"{self.w.settings.lock_timeout:g}s)")
+
+    async def _tick(self, held: list[tuple[UUID, int]], tick_start: float, deadline: float) -> None:
+        started = time.perf_counter()
         try:
             # a tick still waiting on the database when the leases run out is abandoned: from then on
             # another worker's sweeper may own the rows, and our actors must stop
@@ -69,15 +117,8 @@ class Heartbeat:
                     await self.w.controller.run_in_tx(conn, rows)
             await self.w.controller.run_post_tx()
         except Exception as exc:
-            self.consecutive_failures += 1
-            HEARTBEAT_FAILURES.set(self.consecutive_failures)
-            silent_for = loop.time() - (self.last_success or tick_start)
-            reason = "no answer before the lease deadline" if isinstance(exc, TimeoutError) else str(exc)
-            log.warning("heartbeat failed (%d in a row, %.1fs since the last renewal): %s",
-                        self.consecutive_failures, silent_for, reason)
-            if silent_for >= self.w.settings.lock_timeout and len(self.w.registry):
-                self.w.lose_leases(f"no lease renewal for {silent_for:.1f}s (lock_timeout "
-                                   f"{self.w.settings.lock_timeout:g}s)")
+            if asyncio.current_task() not in self._stuck_ticks:  # an abandoned tick was counted already
+                self._failed(exc, tick_start)
             return
         finally:
             duration = time.perf_counter() - started
@@ -85,9 +126,11 @@ class Heartbeat:
             self.tick_durations.append(duration)
             if len(self.tick_durations) > 10_000:
                 del self.tick_durations[:5_000]
+        if self.w.leases_lost:  # an abandoned tick that got through after all: too late to matter
+            return
         self.ticks += 1
         JOBS_IN_FLIGHT.set(len(self.w.registry))
-        self.last_success = tick_start
+        self.last_success = max(tick_start, self.last_success or tick_start)
         if self.consecutive_failures:
             log.info("heartbeat recovered after %d failures", self.consecutive_failures)
         self.consecutive_failures = 0

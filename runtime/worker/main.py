@@ -30,6 +30,9 @@ from taskq.worker.sweeper import Sweeper
 
 log = logging.getLogger("taskq.worker")
 
+POOL_RECONNECT_TIMEOUT = 10.0
+"""Seconds of one series of pool reconnection attempts: their delays (1, 2, 4 s...) restart from one
+second after it, so the worker gets connections back within seconds of the end of an outage."""
 LOST_LEASES_FINAL_STEP_BUDGET = 2.0
 """Seconds each final database step (writes, deregistration) may take once the leases were lost."""
 
@@ -183,7 +186,8 @@ class Worker:
         loop = asyncio.get_running_loop()
         s = self.settings
         dsn = resolve_dsn(s.dsn_value())
-        self.backend = await Backend.open(dsn, min_size=2, max_size=max(4, min(20, s.concurrency // 50 + 4)))
+        self.backend = await Backend.open(dsn, min_size=2, max_size=max(4, min(20, s.concurrency // 50 + 4)),
+                                          reconnect_timeout=POOL_RECONNECT_TIMEOUT)
         self.store = WorkerStore(self.backend, self.worker_id)
         self.completer = Completer(self.store, give_up_after=s.lock_timeout)
         listen_dsn = s.listen_dsn_value()
@@ -226,6 +230,8 @@ class Worker:
             completer = services.pop("completer")
             for task in services.values():
                 task.cancel()
+            if self.leases_lost:  # a service may be stuck cancelling a query the server never answers
+                await settle([*services.values(), *self.heartbeat.stuck_ticks()], LOST_LEASES_FINAL_STEP_BUDGET)
             await asyncio.gather(*services.values(), stop_wait, return_exceptions=True)
             try:
                 await self._final_step(self.completer.drain(), "final writes")
@@ -304,14 +310,18 @@ class Worker:
         """A last database step of the exit path. After the leases were lost the database was out of
         reach for lock_timeout: give it LOST_LEASES_FINAL_STEP_BUDGET seconds rather than the pool's own
         waits, so the worker exits LEASES_LOST promptly instead of being killed by its watchdog."""
-        budget = LOST_LEASES_FINAL_STEP_BUDGET if self.leases_lost else None
-        try:
-            async with asyncio.timeout(budget):
+        if not self.leases_lost:
+            try:
                 await step
-        except TimeoutError:
+            except Exception as exc:
+                log.warning("%s failed: %s", what, exc)
+            return
+        task = asyncio.get_running_loop().create_task(step)
+        await settle([task], LOST_LEASES_FINAL_STEP_BUDGET)
+        if not task.done() or task.cancelled():
             log.warning("%s: no answer from the database in time; the sweeper will clean up", what)
-        except Exception as exc:
-            log.warning("%s failed: %s", what, exc)
+        elif task.exception() is not None:
+            log.warning("%s failed: %s", what, task.exception())
 
     async def _close(self) -> None:
         await self._final_step(self.completer.drain(), "final writes")
@@ -330,10 +340,23 @@ class Worker:
             await asyncio.wait(self.consumers.tasks, timeout=1.0)
         await self._final_step(self.completer.drain(), "final writes")
         await self._final_step(self.store.deregister(), "deregistering the worker")
-        await self.backend.close()
+        await self.backend.close(timeout=LOST_LEASES_FINAL_STEP_BUDGET if self.leases_lost else 5.0)
 
     def _describe_held(self) -> list[str]:
         return [f"{e.id}#{e.attempt}" for e in self.registry]
+
+
+async def settle(tasks: Iterable[asyncio.Task[Any]], budget: float) -> None:
+    """Give `tasks` `budget` seconds to end, then cancel the rest, twice if need be: a second cancel
+    interrupts psycopg's own wait to cancel a query on a server that does not answer (a hung server,
+    a network partition), which closes that connection instead of waiting seconds for a reply."""
+    pending = {t for t in tasks if not t.done()}
+    for _ in range(3):
+        if not pending:
+            return
+        _, pending = await asyncio.wait(pending, timeout=budget)
+        for task in pending:
+            task.cancel()
 
 
 def install_signal_handlers(worker: Worker, loop: asyncio.AbstractEventLoop) -> None:

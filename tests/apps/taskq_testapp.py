@@ -57,9 +57,10 @@ class Gate(BaseModel):
 @actor(name="test.gated")
 async def gated(payload: Gate, ctx: JobContext[Gate]) -> dict[str, int]:
     """Attempt 1 waits until the gate file exists; later attempts return at once."""
-    import os
+    from pathlib import Path
 
-    while ctx.attempt == 1 and not os.path.exists(payload.path):
+    gate = Path(payload.path)
+    while ctx.attempt == 1 and not gate.exists():  # noqa: ASYNC110, ASYNC240 - a file another process makes
         await asyncio.sleep(0.01)
     return {"attempt": ctx.attempt}
 

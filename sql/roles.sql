@@ -1,0 +1,55 @@
+-- taskq least-privilege grants: a WORKER role and a CLIENT role on the taskq schema.
+--
+-- This is NOT a migration (`taskq migrate` never runs it, and the named-query loader ignores it: it
+-- has no query markers). It is a psql script an operator runs after `taskq migrate`, as the owner of
+-- the taskq schema (the role that ran the migration) or a superuser, and again after every taskq
+-- upgrade that applied a migration. It is idempotent: it first revokes what it grants.
+--
+--   psql "$OWNER_DSN" -v ON_ERROR_STOP=1 \
+--        -v worker_role=taskq_worker -v client_role=taskq_client -f roles.sql
+--
+-- The roles must exist (CREATE ROLE taskq_worker LOGIN PASSWORD '...'); see docs/security.md for
+-- the owner role, the role creation and what each role can and cannot do. Sequences need no grant:
+-- job_events.id is an identity column, whose sequence INSERT uses without a privilege of its own.
+
+\set ON_ERROR_STOP on
+
+BEGIN;
+
+-- start from nothing, so that a re-run after an upgrade leaves exactly the grants below
+REVOKE ALL ON ALL TABLES IN SCHEMA taskq FROM :"worker_role", :"client_role";
+REVOKE ALL ON SCHEMA taskq FROM :"worker_role", :"client_role";
+
+GRANT USAGE ON SCHEMA taskq TO :"worker_role", :"client_role";
+
+-- WORKER (`taskq worker`, `taskq run`: claim, heartbeat, finish, release, sweep, reclaim, child jobs).
+-- DML only, and on jobs only the columns the runtime writes: a worker can never rewrite a job's
+-- payload, actor, queue or options, nor forge or clear an operator's cancel request.
+GRANT SELECT ON taskq.jobs TO :"worker_role";
+GRANT INSERT (id, actor, queue, payload, status, priority, tags, max_attempts, scheduled_at,
+              schedule_to_close, parent_id)
+    ON taskq.jobs TO :"worker_role";
+GRANT UPDATE (status, attempt, claim_epoch, worker_id, lock_expires_at, started_at, finished_at,
+              scheduled_at, cancel_phase, result, error_class, error_message, interrupt_count, progress)
+    ON taskq.jobs TO :"worker_role";
+GRANT INSERT ON taskq.job_events TO :"worker_role";
+GRANT SELECT, INSERT, UPDATE ON taskq.job_attempts TO :"worker_role";
+GRANT SELECT, INSERT, UPDATE, DELETE ON taskq.workers TO :"worker_role";
+GRANT SELECT ON taskq.schema_migrations TO :"worker_role";
+
+-- CLIENT (JobsClient and the CLI's enqueue, cancel, jobs, job): enqueue, cancel, read.
+-- It inserts only the columns of a new job (so only a pending or scheduled row: the CHECK constraints
+-- refuse any other status without the columns it may not set) and updates only the cancel columns
+-- (cancelling a waiting job, or flagging a running one for its worker). It cannot claim a job, write
+-- a result, touch attempts or the worker registry, delete anything or change the schema.
+GRANT SELECT ON taskq.jobs TO :"client_role";
+GRANT INSERT (id, actor, queue, payload, status, priority, tags, max_attempts, scheduled_at,
+              schedule_to_close, parent_id)
+    ON taskq.jobs TO :"client_role";
+GRANT UPDATE (status, cancel_phase, cancel_requested_at, cancel_reason, error_class, finished_at)
+    ON taskq.jobs TO :"client_role";
+GRANT SELECT, INSERT ON taskq.job_events TO :"client_role";
+GRANT SELECT ON taskq.job_attempts TO :"client_role";
+GRANT SELECT ON taskq.schema_migrations TO :"client_role";
+
+COMMIT;

