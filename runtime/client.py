@@ -7,8 +7,9 @@ import math
 import re
 import weakref
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Generic, NamedTuple, Self
+from typing import Any, Generic, Self
 from uuid import UUID
 
 from psycopg import AsyncConnection
@@ -17,7 +18,7 @@ from pydantic_core import SchemaValidator, core_schema, from_json
 from typing_extensions import TypeVar
 
 from taskq.actors.declaration import Actor, ActorRegistry, default_registry
-from taskq.backend import Backend, JobBatch, JobInsert, uuid7, uuid7_many
+from taskq.backend import Backend, JobBatch, JobInsert, JobOptions, uuid7, uuid7_many
 from taskq.dsn import resolve_dsn
 from taskq.exceptions import ConfigurationError, JobFailed, PayloadInvalid, PayloadTooLarge
 from taskq.metrics import CANCELLATION_REQUESTED
@@ -180,19 +181,6 @@ def encode_payloads(actor: Actor[Any, Any] | None, name: str, payloads: Sequence
     return [encode_payload(actor, name, p, max_bytes) for p in payloads]
 
 
-class _Options(NamedTuple):
-    """The checked options of an enqueue, shared by every payload of an enqueue_many."""
-
-    actor: Actor[Any, Any] | None
-    name: str
-    queue: str
-    priority: int
-    tags: tuple[str, ...]
-    max_attempts: int
-    scheduled_at: datetime | None
-    schedule_to_close: float | None
-
-
 def _check_options(
     target: Actor[Any, Any] | str,
     registry: ActorRegistry,
@@ -203,7 +191,8 @@ def _check_options(
     scheduled_at: datetime | timedelta | None = None,
     max_attempts: int | None = None,
     schedule_to_close: float | timedelta | None = None,
-) -> _Options:
+) -> tuple[Actor[Any, Any] | None, JobOptions]:
+    """The actor (when this process knows it) and the checked options, shared by every payload."""
     if isinstance(target, Actor):
         actor: Actor[Any, Any] | None = target
         name = target.name
@@ -222,9 +211,8 @@ def _check_options(
     if isinstance(prio, bool) or not isinstance(prio, int) or not -(2**31) <= prio < 2**31:
         raise ConfigurationError(f"priority must be a 32-bit int, got {prio!r}")
     deadline = schedule_to_close if schedule_to_close is not None else (actor.schedule_to_close if actor else None)
-    return _Options(
-        actor=actor,
-        name=name,
+    return actor, JobOptions(
+        actor=name,
         queue=_check_text("queue", queue if queue is not None else (actor.queue if actor else "default")),
         priority=prio,
         tags=tag_tuple,
@@ -249,21 +237,14 @@ def prepare_insert(
     parent_id: UUID | None = None,
 ) -> JobInsert:
     """Everything enqueue checks before any write: the payload, names, tags, times and limits."""
-    opts = _check_options(
+    actor, opts = _check_options(
         target, registry, queue=queue, priority=priority, tags=tags, scheduled_at=scheduled_at,
         max_attempts=max_attempts, schedule_to_close=schedule_to_close,
     )
+    if parent_id is not None:
+        opts = replace(opts, parent_id=parent_id)
     return JobInsert(
-        id=uuid7(),
-        actor=opts.name,
-        queue=opts.queue,
-        payload_json=encode_payload(opts.actor, opts.name, payload, max_payload_bytes),
-        priority=opts.priority,
-        tags=opts.tags,
-        max_attempts=opts.max_attempts,
-        scheduled_at=opts.scheduled_at,
-        schedule_to_close=opts.schedule_to_close,
-        parent_id=parent_id,
+        id=uuid7(), payload_json=encode_payload(actor, opts.actor, payload, max_payload_bytes), options=opts
     )
 
 
@@ -443,28 +424,17 @@ class JobsClient:
     ) -> list[JobHandle[R]]:
         """Validate every payload first, then write them all in one transaction (statements of at most
         `chunk_size` rows). One invalid payload writes nothing."""
-        opts = _check_options(
+        actor, opts = _check_options(
             target, self.registry, queue=queue, priority=priority, tags=tags, scheduled_at=scheduled_at,
             max_attempts=max_attempts, schedule_to_close=schedule_to_close,
         )
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise ConfigurationError(f"chunk_size must be a positive int, got {chunk_size!r}")
         items = payloads if isinstance(payloads, list) else list(payloads)
-        encoded = encode_payloads(opts.actor, opts.name, items, self.max_payload_bytes)
+        encoded = encode_payloads(actor, opts.actor, items, self.max_payload_bytes)
         ids = uuid7_many(len(encoded))
         batches = [
-            JobBatch(
-                ids=ids[i : i + chunk_size],
-                payloads_json=encoded[i : i + chunk_size],
-                actor=opts.name,
-                queue=opts.queue,
-                priority=opts.priority,
-                tags=opts.tags,
-                max_attempts=opts.max_attempts,
-                scheduled_at=opts.scheduled_at,
-                schedule_to_close=opts.schedule_to_close,
-                parent_id=None,
-            )
+            JobBatch(ids=ids[i : i + chunk_size], payloads_json=encoded[i : i + chunk_size], options=opts)
             for i in range(0, len(encoded), chunk_size)
         ]
         if connection is not None:
