@@ -17,6 +17,7 @@ from uuid import UUID
 
 import psycopg
 from psycopg import AsyncConnection, errors
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool
 from pydantic_core import from_json
@@ -238,6 +239,19 @@ async def check_schema(conn: AsyncConnection[Any]) -> int:
     return version
 
 
+def connect_options(dsn: str, settings: dict[str, str]) -> dict[str, str]:
+    """libpq `options` setting `settings` at connect time, kept after any options the DSN has."""
+    if not settings:
+        return {}
+    given = conninfo_to_dict(dsn).get("options")
+    extra = " ".join(f"-c {name}={_escape_option(value)}" for name, value in settings.items())
+    return {"options": f"{given} {extra}" if given else extra}
+
+
+def _escape_option(value: str) -> str:
+    return value.replace("\\", "\\\\").replace(" ", "\\ ")
+
+
 class Backend:
     """Job operations over an autocommit connection pool. Open with `Backend.open(dsn)`."""
 
@@ -248,14 +262,16 @@ class Backend:
     @classmethod
     async def open(
         cls, dsn: str, *, min_size: int = 1, max_size: int = 10, check: bool = True, timeout: float = 10.0,
-        reconnect_timeout: float = 300.0,
+        reconnect_timeout: float = 300.0, session_settings: dict[str, str] | None = None,
     ) -> Self:
         """Connect once to report a clear error (and check the schema), then open the pool.
 
         `reconnect_timeout` bounds one series of reconnection attempts, whose delays double each time
         (psycopg_pool); the next request for a connection starts a new series from one second. A short
         value keeps a long outage from growing the delays so much that the pool stays empty for as long
-        again after the server is back."""
+        again after the server is back.
+
+        `session_settings` are set on every pooled connection at connect time (no extra round trip)."""
         try:
             probe = await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=int(max(1, timeout)))
         except psycopg.OperationalError as exc:
@@ -269,7 +285,7 @@ class Backend:
             dsn,
             min_size=min_size,
             max_size=max_size,
-            kwargs={"autocommit": True},
+            kwargs={"autocommit": True, **connect_options(dsn, session_settings or {})},
             open=False,
             name="taskq",
             timeout=timeout,

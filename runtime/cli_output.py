@@ -82,6 +82,16 @@ def _compact(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
 
 
+def _lease(row: JobRow) -> str:
+    """A running job's own lock runs out lock_timeout after the claim; its worker's heartbeat keeps it held
+    past that (the worker's lease, in taskq.workers), which is why the lock alone may be in the past."""
+    if row.lock_expires_at is None:
+        return NONE
+    if row.status is not JobStatus.RUNNING:
+        return when(row.lock_expires_at)
+    return f"{when(row.lock_expires_at)} (lock from the claim), then for as long as its worker's heartbeat renews"
+
+
 def job_detail(row: JobRow, events: Sequence[JobEvent], attempts: Sequence[JobAttempt]) -> str:
     """One job as a person reads it: the row, then its timeline, then its attempts."""
     error = NONE
@@ -108,7 +118,7 @@ def job_detail(row: JobRow, events: Sequence[JobEvent], attempts: Sequence[JobAt
         ("finished", when(row.finished_at)),
         ("deadline", when(row.schedule_to_close)),
         ("worker", row.worker_id or NONE),
-        ("lease until", when(row.lock_expires_at)),
+        ("lease until", _lease(row)),
         ("cancel", cancel),
         ("parent", str(row.parent_id) if row.parent_id else NONE),
         ("payload", _compact(row.payload)),

@@ -2,10 +2,13 @@
 -- the offending rows as (job_id, detail); an empty result means the invariant holds.
 
 -- name: inv_stuck_running
--- A running row whose lease ran out long ago and that no sweeper reclaimed: a lost job.
-SELECT id AS job_id, format('running, lease expired at %%s', lock_expires_at) AS detail
-FROM taskq.jobs
-WHERE status = 'running' AND lock_expires_at < now() - %(stale_after)s::float8 * interval '1 second';
+-- A running row whose lease (its own lock from the claim and its worker's lease, whichever is later)
+-- ran out long ago and that no sweeper reclaimed: a lost job.
+SELECT j.id AS job_id,
+       format('running, lease expired at %%s', greatest(j.lock_expires_at, w.lease_expires_at)) AS detail
+FROM taskq.jobs AS j LEFT JOIN taskq.workers AS w ON w.id = j.worker_id
+WHERE j.status = 'running'
+  AND greatest(j.lock_expires_at, w.lease_expires_at) < now() - %(stale_after)s::float8 * interval '1 second';
 
 -- name: inv_terminal_events
 -- Exactly one terminal state_change per terminal job, none for an unfinished one.

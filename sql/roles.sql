@@ -35,6 +35,8 @@ GRANT UPDATE (status, attempt, claim_epoch, worker_id, lock_expires_at, started_
 GRANT INSERT ON taskq.job_events TO :"worker_role";
 GRANT SELECT, INSERT, UPDATE ON taskq.job_attempts TO :"worker_role";
 GRANT SELECT, INSERT, UPDATE, DELETE ON taskq.workers TO :"worker_role";
+-- the heartbeat reads and deletes its own lease losses; the trigger that records them runs as the owner
+GRANT SELECT, DELETE ON taskq.lease_losses TO :"worker_role";
 GRANT SELECT ON taskq.schema_migrations TO :"worker_role";
 
 -- CLIENT (JobsClient and the CLI's enqueue, cancel, jobs, job): enqueue, cancel, read.

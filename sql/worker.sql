@@ -2,9 +2,13 @@
 -- Every write to a claimed row is fenced on (id, status='running', attempt, claim_epoch).
 
 -- name: worker_register
-INSERT INTO taskq.workers (id, host, pid, queues, concurrency)
-VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s)
-ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = now(), stopping = false;
+-- Also used by a heartbeat that found our row gone (a sweeper took us for dead): it comes back with
+-- a fresh lease.
+INSERT INTO taskq.workers (id, host, pid, queues, concurrency, lease_expires_at)
+VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s,
+        now() + %(lock_timeout)s::float8 * interval '1 second')
+ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = now(), stopping = false,
+    lease_expires_at = excluded.lease_expires_at;
 
 -- name: worker_stopping
 UPDATE taskq.workers SET stopping = true WHERE id = %(id)s;
@@ -13,9 +17,18 @@ UPDATE taskq.workers SET stopping = true WHERE id = %(id)s;
 DELETE FROM taskq.workers WHERE id = %(id)s;
 
 -- name: workers_clean_dead
-DELETE FROM taskq.workers
-WHERE last_heartbeat_at < now() - %(dead_after)s::float8 * interval '1 second'
-  AND NOT EXISTS (SELECT 1 FROM taskq.jobs j WHERE j.worker_id = workers.id AND j.status = 'running');
+-- Rows of workers long silent and holding nothing, then the lease losses nobody is left to read (a
+-- live worker empties its own every tick; one whose row was removed reconciles every held row when it
+-- comes back, so its losses are not needed either).
+WITH gone AS (
+    DELETE FROM taskq.workers
+    WHERE last_heartbeat_at < now() - %(dead_after)s::float8 * interval '1 second'
+      AND NOT EXISTS (SELECT 1 FROM taskq.jobs j WHERE j.worker_id = workers.id AND j.status = 'running')
+    RETURNING id
+)
+DELETE FROM taskq.lease_losses AS l
+WHERE l.worker_id IN (SELECT id FROM gone)
+   OR NOT EXISTS (SELECT 1 FROM taskq.workers AS w WHERE w.id = l.worker_id);
 
 -- name: job_claim
 -- Claim up to %(limit)s due jobs of our queues, most urgent first; one attempts row and one event each.
@@ -60,20 +73,35 @@ FROM claimed
 ORDER BY priority, id;
 
 -- name: heartbeat
--- One round trip per tick: renew the lease of every row we still hold (fenced on claim_epoch), touch
--- our workers row, and return each held row's cancel flags. A row missing from the result is lost.
+-- POLL_CANCEL_FLAGS_SQL, one round trip per tick whatever the number of jobs held: renew this worker's
+-- lease (which holds every row it claimed), hand over the rows taken away from it since the last tick
+-- (lease_losses), and return the cancel flags of the held rows that have a cancel request. Nothing here
+-- visits a held row without a cancel request. kind: 'worker' (one row: is our workers row still there),
+-- 'lost' (id, epoch), 'cancel' (id, epoch, cancel_phase).
 WITH w AS (
-    UPDATE taskq.workers SET last_heartbeat_at = now() WHERE id = %(worker_id)s RETURNING id
-), renewed AS (
-    UPDATE taskq.jobs AS j SET lock_expires_at = now() + %(lock_timeout)s::float8 * interval '1 second'
-    FROM unnest(%(ids)b::uuid[], %(epochs)b::bigint[]) AS h(id, epoch)
-    WHERE j.id = h.id AND j.claim_epoch = h.epoch AND j.status = 'running' AND j.worker_id = %(worker_id)s
-    RETURNING j.id, j.cancel_phase, j.cancel_requested_at IS NOT NULL AS cancel_requested
+    UPDATE taskq.workers SET last_heartbeat_at = now(),
+        lease_expires_at = now() + %(lock_timeout)s::float8 * interval '1 second'
+    WHERE id = %(worker_id)s
+    RETURNING id
+), lost AS (
+    DELETE FROM taskq.lease_losses WHERE worker_id = %(worker_id)s RETURNING job_id, claim_epoch
 )
-SELECT id, cancel_phase, cancel_requested, (SELECT count(*) FROM w) AS worker_rows FROM renewed
+SELECT 'worker' AS kind, NULL::uuid AS id, (SELECT count(*) FROM w)::bigint AS epoch, NULL::smallint AS phase
 UNION ALL
-SELECT NULL, NULL, NULL, (SELECT count(*) FROM w)
-WHERE NOT EXISTS (SELECT 1 FROM renewed);
+SELECT 'lost', job_id, claim_epoch, NULL FROM lost
+UNION ALL
+SELECT 'cancel', id, claim_epoch, cancel_phase FROM taskq.jobs
+WHERE worker_id = %(worker_id)s AND status = 'running' AND cancel_requested_at IS NOT NULL;
+
+-- name: heartbeat_reconcile
+-- The slow path, for a tick that found our workers row gone (a sweeper took this worker for dead, for
+-- example after a long freeze, and its lease losses may be gone with it): check every row we think we
+-- hold, renew the lock of each one still ours (fenced on claim_epoch), and return its cancel flags.
+-- A row missing from the result is lost.
+UPDATE taskq.jobs AS j SET lock_expires_at = now() + %(lock_timeout)s::float8 * interval '1 second'
+FROM unnest(%(ids)b::uuid[], %(epochs)b::bigint[]) AS h(id, epoch)
+WHERE j.id = h.id AND j.claim_epoch = h.epoch AND j.status = 'running' AND j.worker_id = %(worker_id)s
+RETURNING j.id, j.claim_epoch, j.cancel_phase;
 
 -- name: job_finish_batch
 -- Every outcome of an attempt, batched: succeeded / failed / cancelled / abandoned / crashed, or
@@ -214,28 +242,37 @@ SELECT id FROM upd;
 
 -- name: job_reclaim
 -- Reclaim running rows whose worker is gone: with %(worker_id)s NULL, the sweeper's case (every row
--- whose lease ran out: its worker died or froze); with a worker id, the supervisor's (it saw that
--- worker die, so its rows need not wait for lock expiry). One set of verdicts for both: a cancel was
--- in flight -> cancelled with NULL marker; deadline passed -> failed; budget left -> scheduled after
--- a backoff; otherwise crashed. The attempt is never refunded; the attempts row says WorkerCrashed.
+-- whose lease ran out: its own lock from the claim and its worker's lease, renewed by the heartbeat,
+-- have both passed, so the worker died or froze); with a worker id, the supervisor's (it saw that worker
+-- die, so its rows need not wait) or a worker's taking over the rows of an earlier process that used
+-- its id. A sweeper never reclaims its own worker's rows (it is alive: its heartbeat and self-fence
+-- look after them). One set of verdicts for all: a cancel was in flight -> cancelled with NULL marker;
+-- deadline passed -> failed; budget left -> scheduled after a backoff; otherwise crashed. The attempt
+-- is never refunded; the attempts row says WorkerCrashed. The jobs_lease_taken trigger tells a worker
+-- that is still alive after all (frozen, not dead) which of its rows went.
 -- SKIP LOCKED: a row some live transaction holds is left for the next sweep.
 WITH expired AS (
-    SELECT id FROM taskq.jobs
-    WHERE status = 'running'
-      AND CASE WHEN %(worker_id)s::text IS NULL THEN lock_expires_at < now()
-               ELSE worker_id = %(worker_id)s::text END
-    ORDER BY lock_expires_at
+    SELECT j.id FROM taskq.jobs AS j
+    WHERE j.status = 'running'
+      AND CASE WHEN %(worker_id)s::text IS NULL
+               THEN j.lock_expires_at < now() AND j.worker_id <> %(sweeper_id)s::text
+                    AND NOT EXISTS (SELECT 1 FROM taskq.workers AS w
+                                    WHERE w.id = j.worker_id AND w.lease_expires_at >= now())
+               ELSE j.worker_id = %(worker_id)s::text END
+    ORDER BY j.lock_expires_at
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF j SKIP LOCKED
 ), verdict AS (
-    SELECT j.id, j.attempt, j.claim_epoch, j.worker_id, j.lock_expires_at,
+    SELECT j.id, j.attempt, j.claim_epoch, j.worker_id,
+           greatest(j.lock_expires_at, w.lease_expires_at) AS lock_expires_at,
            CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
                 WHEN j.schedule_to_close IS NOT NULL AND j.schedule_to_close <= now() THEN 'failed'
                 WHEN j.attempt < j.max_attempts THEN 'scheduled'
                 ELSE 'crashed' END AS status,
-           coalesce(%(detail)s::text, format('stopped renewing its lease (lock expired at %%s)',
-                                             j.lock_expires_at)) AS why
+           coalesce(%(detail)s::text, format('stopped renewing its lease (lease expired at %%s)',
+                                             greatest(j.lock_expires_at, w.lease_expires_at))) AS why
     FROM taskq.jobs AS j JOIN expired AS e ON e.id = j.id
+    LEFT JOIN taskq.workers AS w ON w.id = j.worker_id
 ), upd AS (
     UPDATE taskq.jobs AS j SET
         status = v.status,

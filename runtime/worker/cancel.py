@@ -77,13 +77,15 @@ class CancelController:
             return  # a late notification for an older attempt never touches a newer one
         self.observe_request(entry, CancelPhase.COOPERATIVE)
 
-    async def run_in_tx(self, conn: AsyncConnection[Any], held: dict[UUID, HeldRow]) -> None:
+    async def run_in_tx(self, conn: AsyncConnection[Any], flags: dict[UUID, HeldRow]) -> None:
+        """`flags`: the rows this worker holds that carry a cancel request, as this tick read them. Only
+        those can be on the ladder (a request is never withdrawn), so held jobs without one cost nothing."""
         loop = asyncio.get_running_loop()
         grace = self.w.settings.cancellation_grace_period
         cleanup = self.w.settings.cleanup_grace_period
-        for entry in self.w.registry:
-            row = held.get(entry.id)
-            if row is None or entry.finishing:
+        for job_id, row in flags.items():
+            entry = self.w.registry.get(job_id)
+            if entry is None or entry.claim_epoch != row.claim_epoch or entry.finishing:
                 continue
             if row.cancel_phase >= 1 and entry.cancel_phase == CancelPhase.NONE:
                 self.observe_request(entry, row.cancel_phase)

@@ -1,20 +1,27 @@
-"""The heartbeat: one transaction per tick renews every lease, reads every cancel flag, and runs the
-cancel controller; its round trips do not grow with the number of jobs held."""
+"""The heartbeat: one transaction per tick renews this worker's lease (which holds every row it claimed),
+learns which rows were taken away from it, reads the cancel flags of the rows with a cancel request, and
+runs the cancel controller. Neither its round trips nor its work grow with the number of jobs held; only
+a tick that finds the workers row gone checks every held row."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
+from psycopg import AsyncConnection
+
 from taskq.metrics import HEARTBEAT_FAILURES, HEARTBEAT_TICK, JOBS_IN_FLIGHT
+from taskq.worker.store import HeartbeatRead, HeldRow
 
 if TYPE_CHECKING:
     from taskq.worker.main import Worker
 
 log = logging.getLogger("taskq.heartbeat")
+
+_GONE = HeldRow(claim_epoch=-1, cancel_phase=0)
 
 STUCK_TICK_SLACK = 0.05
 """Seconds past its deadline a tick may take to unwind before the self-fence stops waiting for it."""
@@ -61,7 +68,7 @@ class Heartbeat:
         attempt = self._begin_tick()
         task = loop.create_task(self._tick(*attempt), name="taskq-heartbeat-tick")
         try:
-            await asyncio.wait({task}, timeout=max(0.0, attempt[2] - loop.time()) + STUCK_TICK_SLACK)
+            await asyncio.wait({task}, timeout=max(0.0, attempt[1] - loop.time()) + STUCK_TICK_SLACK)
         except asyncio.CancelledError:
             task.cancel()
             raise
@@ -71,7 +78,7 @@ class Heartbeat:
         task.cancel()
         self._stuck_ticks.add(task)
         task.add_done_callback(self._stuck_ticks.discard)
-        self._failed(TimeoutError(), attempt[1])
+        self._failed(TimeoutError(), attempt[0])
 
     def stuck_ticks(self) -> list[asyncio.Task[None]]:
         """Ticks given up at the lease deadline that have not finished unwinding yet."""
@@ -81,11 +88,10 @@ class Heartbeat:
         """One heartbeat transaction (renew, poll cancel flags, run the cancel controller)."""
         await self._tick(*self._begin_tick())
 
-    def _begin_tick(self) -> tuple[list[tuple[UUID, int]], float, float]:
-        """The rows to renew, the tick's start and its deadline (loop clock)."""
+    def _begin_tick(self) -> tuple[float, float]:
+        """The tick's start and its deadline (loop clock)."""
         tick_start = asyncio.get_running_loop().time()
-        held = self.w.registry.held()
-        if not held or self.last_success is None:
+        if not len(self.w.registry) or self.last_success is None:
             # nothing held, nothing to lose: a job claimed from now on has a lease of its own from now
             self.last_success = tick_start
         deadline = self.lease_deadline()
@@ -93,7 +99,7 @@ class Heartbeat:
             # the process was frozen past the deadline (SIGSTOP, a VM pause): ask the database whether the
             # rows are still ours instead of assuming; one interval to answer
             deadline = tick_start + self.w.settings.heartbeat_interval
-        return held, tick_start, deadline
+        return tick_start, deadline
 
     def _failed(self, exc: BaseException, tick_start: float) -> None:
         self.consecutive_failures += 1
@@ -106,15 +112,19 @@ class Heartbeat:
             self.w.lose_leases(f"no lease renewal for {silent_for:.1f}s (lock_timeout "
                                f"{self.w.settings.lock_timeout:g}s)")
 
-    async def _tick(self, held: list[tuple[UUID, int]], tick_start: float, deadline: float) -> None:
+    async def _tick(self, tick_start: float, deadline: float) -> None:
         started = time.perf_counter()
         try:
             # a tick still waiting on the database when the leases run out is abandoned: from then on
             # another worker's sweeper may own the rows, and our actors must stop
             async with asyncio.timeout_at(deadline):
                 async with self.w.backend.pool.connection() as conn, conn.transaction():
-                    rows, worker_row = await self.w.store.heartbeat(conn, held, self.w.settings.lock_timeout)
-                    await self.w.controller.run_in_tx(conn, rows)
+                    read = await self.w.store.heartbeat(conn, self.w.settings.lock_timeout)
+                    if not read.worker_row:
+                        lost = await self._reconcile(conn, read)
+                    else:
+                        lost = read.lost
+                    await self.w.controller.run_in_tx(conn, read.cancels)
             await self.w.controller.run_post_tx()
         except Exception as exc:
             if asyncio.current_task() not in self._stuck_ticks:  # an abandoned tick was counted already
@@ -135,13 +145,22 @@ class Heartbeat:
             log.info("heartbeat recovered after %d failures", self.consecutive_failures)
         self.consecutive_failures = 0
         HEARTBEAT_FAILURES.set(0)
-        if not worker_row:
-            log.warning("this worker's row was removed (considered dead by a sweeper); registering again")
-            await self.w.store.register(self.w.settings.queues, self.w.settings.concurrency)
-        held_ids = {job_id for job_id, _ in held}
-        for entry in self.w.registry:
-            if entry.id in held_ids and entry.id not in rows and not entry.finishing:
-                # reclaimed by a sweeper or finished elsewhere: stop locally, never write
+        for job_id, epoch in lost:
+            entry = self.w.registry.get(job_id)
+            if entry is not None and entry.claim_epoch == epoch and not entry.finishing:
+                # reclaimed by a sweeper or the supervisor, or rewritten by hand: stop locally, never write
                 log.warning("job %s attempt %d: lease lost (row no longer held by this attempt); stopping it",
                             entry.id, entry.attempt)
                 entry.drop_lease()
+
+    async def _reconcile(self, conn: AsyncConnection[Any], read: HeartbeatRead) -> list[tuple[UUID, int]]:
+        """Our workers row is gone (a sweeper took this worker for dead and cleaned it, its lease losses
+        with it): register again with a new lease, then check every held row. Returns the lost ones."""
+        log.warning("this worker's row was removed (considered dead by a sweeper); registering again and "
+                    "checking every held job")
+        s = self.w.settings
+        await self.w.store.register(s.queues, s.concurrency, s.lock_timeout, conn)
+        held = self.w.registry.held()
+        still = await self.w.store.reconcile(conn, held, s.lock_timeout)
+        read.cancels = {job_id: row for job_id, row in still.items() if row.cancel_phase > 0}
+        return [(job_id, epoch) for job_id, epoch in held if still.get(job_id, _GONE).claim_epoch != epoch]

@@ -186,13 +186,18 @@ class Worker:
         loop = asyncio.get_running_loop()
         s = self.settings
         dsn = resolve_dsn(s.dsn_value())
+        # the worker's connections name it, so that the lease-loss trigger tells its own writes apart
         self.backend = await Backend.open(dsn, min_size=2, max_size=max(4, min(20, s.concurrency // 50 + 4)),
-                                          reconnect_timeout=POOL_RECONNECT_TIMEOUT)
+                                          reconnect_timeout=POOL_RECONNECT_TIMEOUT,
+                                          session_settings={"taskq.worker_id": self.worker_id})
         self.store = WorkerStore(self.backend, self.worker_id)
         self.completer = Completer(self.store, give_up_after=s.lock_timeout)
         listen_dsn = s.listen_dsn_value()
         self.listener.dsn = resolve_dsn(listen_dsn) if listen_dsn else dsn
-        await self.store.register(s.queues, s.concurrency)
+        await self.store.register(s.queues, s.concurrency, s.lock_timeout)
+        taken = await self.store.take_over()
+        if taken:
+            log.warning("reclaimed %s left running under worker id %s by an earlier process", taken, self.worker_id)
         log.info("worker %s started: queues=%s concurrency=%d actors=%s", self.worker_id, s.queues,
                  s.concurrency, self.actors.names())
         services = {

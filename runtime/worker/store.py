@@ -16,7 +16,6 @@ from typing import Any
 from uuid import UUID
 
 from psycopg import AsyncConnection
-from psycopg.rows import dict_row
 
 from taskq import sql
 from taskq.backend import Backend
@@ -25,7 +24,8 @@ RETRY = "scheduled"
 
 # the spec's names for the two heartbeat statements (cancellation-spec §3)
 POLL_CANCEL_FLAGS_SQL = sql.query("heartbeat")
-"""Renews every held lease and returns each held row's cancel_phase, in one round trip."""
+"""Renews the worker's lease (which holds every row it claimed), hands over the rows taken away from it,
+and returns the cancel flags of the held rows with a cancel request: one round trip, flat in the jobs held."""
 CANCEL_ESCALATION_SQL = sql.query("job_cancel_escalate")
 """cancel_phase 1 -> 2 plus its state_change event, fenced on the attempt."""
 
@@ -61,8 +61,20 @@ class Finish:
 
 @dataclass(frozen=True, slots=True)
 class HeldRow:
+    """A held row as a heartbeat read it: the attempt it belongs to and its cancel phase."""
+
+    claim_epoch: int
     cancel_phase: int
-    cancel_requested: bool
+
+
+@dataclass(slots=True)
+class HeartbeatRead:
+    worker_row: bool
+    """False when our workers row is gone: the tick must reconcile every held row."""
+    lost: list[tuple[UUID, int]]
+    """(job id, claim epoch) of the rows taken away from this worker since the last tick."""
+    cancels: dict[UUID, HeldRow]
+    """The held rows that have a cancel request."""
 
 
 class WorkerStore:
@@ -71,13 +83,16 @@ class WorkerStore:
         self.pool = backend.pool
         self.worker_id = worker_id
 
-    async def register(self, queues: Sequence[str], concurrency: int) -> None:
-        async with self.pool.connection() as conn:
-            await conn.execute(
-                sql.query("worker_register"),
-                {"id": self.worker_id, "host": socket.gethostname(), "pid": os.getpid(),
-                 "queues": list(queues), "concurrency": concurrency},
-            )
+    async def register(self, queues: Sequence[str], concurrency: int, lock_timeout: float,
+                       conn: AsyncConnection[Any] | None = None) -> None:
+        """Insert or refresh our workers row with a new lease (in `conn`'s transaction when given)."""
+        params = {"id": self.worker_id, "host": socket.gethostname(), "pid": os.getpid(),
+                  "queues": list(queues), "concurrency": concurrency, "lock_timeout": lock_timeout}
+        if conn is not None:
+            await conn.execute(sql.query("worker_register"), params)
+            return
+        async with self.pool.connection() as own:
+            await own.execute(sql.query("worker_register"), params)
 
     async def mark_stopping(self) -> None:
         async with self.pool.connection() as conn:
@@ -96,24 +111,34 @@ class WorkerStore:
             rows = await cur.fetchall()
         return [ClaimedJob(*row) for row in rows]
 
-    async def heartbeat(
+    async def heartbeat(self, conn: AsyncConnection[Any], lock_timeout: float) -> HeartbeatRead:
+        """POLL_CANCEL_FLAGS_SQL inside the caller's transaction."""
+        cur = await conn.execute(POLL_CANCEL_FLAGS_SQL, {"worker_id": self.worker_id, "lock_timeout": lock_timeout})
+        read = HeartbeatRead(worker_row=False, lost=[], cancels={})
+        for kind, job_id, epoch, phase in await cur.fetchall():
+            if kind == "worker":
+                read.worker_row = epoch > 0
+            elif kind == "lost":
+                read.lost.append((job_id, epoch))
+            else:
+                read.cancels[job_id] = HeldRow(epoch, phase)
+        return read
+
+    async def reconcile(
         self, conn: AsyncConnection[Any], held: Sequence[tuple[UUID, int]], lock_timeout: float
-    ) -> tuple[dict[UUID, HeldRow], bool]:
-        """Inside the caller's transaction: renew leases, touch the workers row, read cancel flags.
-        Returns the rows still held and whether our workers row exists.
+    ) -> dict[UUID, HeldRow]:
+        """Inside the caller's transaction: which of `held` (id, epoch) are still ours, renewing their
+        locks. The slow path of a tick that found our workers row gone.
 
         Never prepared: a generic plan cannot see how many ids the array holds and, since it also
-        underestimates `worker_id = $1`, joins them in a nested loop, quadratic in the jobs held
-        (250 ms at 1,000 held instead of 11 ms). Planning once per tick is cheap."""
+        underestimates `worker_id = $1`, joins them in a nested loop, quadratic in the jobs held."""
         cur = await conn.execute(
-            POLL_CANCEL_FLAGS_SQL,
+            sql.query("heartbeat_reconcile"),
             {"worker_id": self.worker_id, "lock_timeout": lock_timeout,
              "ids": [h[0] for h in held], "epochs": [h[1] for h in held]},
             prepare=False,
         )
-        rows = await cur.fetchall()
-        alive = bool(rows and rows[0][3])
-        return {r[0]: HeldRow(r[1], r[2]) for r in rows if r[0] is not None}, alive
+        return {job_id: HeldRow(epoch, phase) for job_id, epoch, phase in await cur.fetchall()}
 
     async def escalate_cancel(self, conn: AsyncConnection[Any], job_id: UUID, attempt: int, epoch: int) -> bool:
         """CANCEL_ESCALATION_SQL inside the heartbeat transaction; False when rowcount is 0."""
@@ -162,18 +187,28 @@ class WorkerStore:
             )
             return (await cur.fetchone()) is not None
 
-    async def sweep_expired(
-        self, *, limit: int = 500, base_delay: float = 1.0, max_delay: float = 60.0, cause: str = "lock_expired"
-    ) -> dict[str, int]:
-        async with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(
+    async def sweep_expired(self, *, limit: int = 500) -> dict[str, int]:
+        """Reclaim rows whose lease ran out (the sweeper); verdict -> count."""
+        return await self._reclaim(None, None, "lock_expired", limit)
+
+    async def take_over(self) -> dict[str, int]:
+        """Reclaim the running rows left under our worker id by an earlier process that used the same id
+        (an explicit worker_id, a supervisor slot): at start this process holds nothing, and our fresh
+        lease would otherwise keep those rows from every sweeper."""
+        return await self._reclaim(self.worker_id, "was replaced by a new process with the same worker id",
+                                   "worker_restarted", None)
+
+    async def _reclaim(self, worker_id: str | None, detail: str | None, cause: str, limit: int | None,
+                       ) -> dict[str, int]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
                 sql.query("job_reclaim"),
-                {"worker_id": None, "detail": None, "limit": limit, "base_delay": base_delay,
-                 "max_delay": max_delay, "cause": cause, "sweeper_id": self.worker_id},
+                {"worker_id": worker_id, "detail": detail, "limit": limit, "base_delay": 1.0, "max_delay": 60.0,
+                 "cause": cause, "sweeper_id": self.worker_id},
             )
             counts: dict[str, int] = {}
-            for row in await cur.fetchall():
-                counts[row["status"]] = counts.get(row["status"], 0) + 1
+            for _, status in await cur.fetchall():
+                counts[status] = counts.get(status, 0) + 1
             return counts
 
     async def sweep_deadlines(self, *, limit: int = 500) -> int:

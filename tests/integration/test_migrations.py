@@ -16,7 +16,7 @@ from taskq.client import JobsClient
 from taskq.exceptions import SchemaNotReady, SchemaTooNew
 from taskq.migrations import migrate, migrate_dsn
 
-EXPECTED_TABLES = {"jobs", "job_events", "job_attempts", "workers", "schema_migrations"}
+EXPECTED_TABLES = {"jobs", "job_events", "job_attempts", "workers", "lease_losses", "schema_migrations"}
 
 
 @pytest.fixture
@@ -70,6 +70,7 @@ async def test_migrated_schema_has_the_indexes_the_queries_rely_on(conn: AsyncCo
         "job_attempts_pkey",
         "job_attempts_open_idx",
         "workers_heartbeat_idx",
+        "lease_losses_worker_idx",
     ):
         assert name in indexes, f"missing index {name}"
     assert "USING gin (tags)" in indexes["jobs_tags_idx"]
@@ -81,6 +82,10 @@ async def test_migrated_schema_has_the_indexes_the_queries_rely_on(conn: AsyncCo
         "ON taskq.jobs USING btree (worker_id" in d and "WHERE (status = 'running'::text)" in d
         for d in indexes.values()
     ), indexes
+    # its cancel poll visits only the held rows with a cancel request
+    assert "WHERE ((status = 'running'::text) AND (cancel_requested_at IS NOT NULL))" in indexes["jobs_cancel_held_idx"]
+    # lease renewals stay HOT: the per-job lock is in no index
+    assert not any("lock_expires_at" in d for d in indexes.values()), indexes
 
 
 @pytest.mark.parametrize(

@@ -223,6 +223,8 @@ async def test_worker_role_claims_finishes_retries_sweeps_and_releases(roles: Ro
             # shutdown with a job in flight releases it back to the queue
             held = await client.enqueue(wait_for_cancel, Msg(text="held"))
             await wait_for(lambda: _is(client, held.job_id, JobStatus.RUNNING), timeout=10)
+            # every heartbeat got through (it renews the lease and reads its lease losses)
+            assert worker.heartbeat.ticks >= 2 and worker.heartbeat.consecutive_failures == 0
         assert await status_of(client, held.job_id) is JobStatus.PENDING
         assert [a.outcome for a in await client.attempts(held.job_id)] == ["interrupted"]
     assert query(dsn, "SELECT count(*) FROM taskq.workers")[0][0] == 0  # deregistered on the way out
