@@ -245,20 +245,24 @@ SELECT id FROM upd;
 -- whose lease ran out: its own lock from the claim and its worker's lease, renewed by the heartbeat,
 -- have both passed, so the worker died or froze); with a worker id, the supervisor's (it saw that worker
 -- die, so its rows need not wait) or a worker's taking over the rows of an earlier process that used
--- its id. A sweeper never reclaims its own worker's rows (it is alive: its heartbeat and self-fence
--- look after them). One set of verdicts for all: a cancel was in flight -> cancelled with NULL marker;
+-- its id. A sweeper reclaims its own worker's rows only when that worker does not track them (below):
+-- it is alive, and its heartbeat and self-fence look after the rest. One set of verdicts for all: a cancel was in flight -> cancelled with NULL marker;
 -- deadline passed -> failed; budget left -> scheduled after a backoff; otherwise crashed. The attempt
 -- is never refunded; the attempts row says WorkerCrashed. The jobs_lease_taken trigger tells a worker
 -- that is still alive after all (frozen, not dead) which of its rows went.
 -- SKIP LOCKED: a row some live transaction holds is left for the next sweep.
+-- With %(tracked)s (the ids the sweeper's own worker holds), it also reclaims that worker's rows whose
+-- claim lock ran out and that the worker does not track: an outcome it could not write, a claim whose
+-- reply was lost. Its lease would otherwise hold them for as long as it lives.
 WITH expired AS (
     SELECT j.id FROM taskq.jobs AS j
     WHERE j.status = 'running'
-      AND CASE WHEN %(worker_id)s::text IS NULL
-               THEN j.lock_expires_at < now() AND j.worker_id <> %(sweeper_id)s::text
+      AND CASE WHEN %(worker_id)s::text IS NOT NULL THEN j.worker_id = %(worker_id)s::text
+               WHEN j.worker_id = %(sweeper_id)s::text
+               THEN j.lock_expires_at < now() AND j.id <> ALL(%(tracked)s::uuid[])
+               ELSE j.lock_expires_at < now()
                     AND NOT EXISTS (SELECT 1 FROM taskq.workers AS w
-                                    WHERE w.id = j.worker_id AND w.lease_expires_at >= now())
-               ELSE j.worker_id = %(worker_id)s::text END
+                                    WHERE w.id = j.worker_id AND w.lease_expires_at >= now()) END
     ORDER BY j.lock_expires_at
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED

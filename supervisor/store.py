@@ -40,7 +40,7 @@ def reclaim_dead_worker(
             # the sweeper's query and verdicts, for this worker's rows only and without waiting for expiry
             cur = conn.execute(
                 sql.query("job_reclaim"),
-                {"worker_id": worker_id, "cause": cause, "detail": detail, "sweeper_id": reclaimer_id,
+                {"worker_id": worker_id, "cause": cause, "detail": detail, "sweeper_id": reclaimer_id, "tracked": None,
                  "limit": RECLAIM_LIMIT, "base_delay": RETRY_BASE_DELAY, "max_delay": RETRY_MAX_DELAY},
             )
             counts: dict[str, int] = {}

@@ -18,7 +18,9 @@ IMPORT_ERROR = 10
 """APP could not be imported or is not a list/registry of actors. Restarting will not help."""
 LEASES_LOST = 12
 """The heartbeat could not renew for lock_timeout while holding jobs: actors stopped at the lease deadline,
-nothing written, leases left to the sweeper. (A worker holding no job waits for the database instead.)"""
+nothing written, leases left to the sweeper. (A worker holding no job waits for the database instead.)
+Also a stop that could not release its jobs because the database did not answer: they are left to the
+sweeper the same way."""
 WATCHDOG = 13
 """The shutdown watchdog fired: the worker did not exit within shutdown_timeout (held jobs are recovered
 later by lock expiry, as crash reclaims)."""

@@ -34,7 +34,9 @@ POOL_RECONNECT_TIMEOUT = 10.0
 """Seconds of one series of pool reconnection attempts: their delays (1, 2, 4 s...) restart from one
 second after it, so the worker gets connections back within seconds of the end of an outage."""
 LOST_LEASES_FINAL_STEP_BUDGET = 2.0
-"""Seconds each final database step (writes, deregistration) may take once the leases were lost."""
+"""Seconds each final database step (writes, deregistration) may take once the database stopped answering."""
+MARK_STOPPING_BUDGET = 1.0
+"""Seconds the stop waits to flag the workers row `stopping` (a courtesy for operators) before going on."""
 
 
 class ShutdownWatchdog:
@@ -74,6 +76,8 @@ class Worker:
         self.draining = False
         self.shutdown_active = False
         self.leases_lost = False
+        self.unreleased: list[str] = []
+        """Jobs a stop could not give back (the database was unreachable): left to the sweeper."""
         self.exit_code = exitcodes.OK
         self.ready = threading.Event()
         self._async_executor = AsyncioExecutor()
@@ -164,7 +168,16 @@ class Worker:
             return
         for e in todo:
             e.finishing = True
-        outcome = await self.store.release_batch([(e.id, e.attempt, e.claim_epoch) for e in todo])
+        try:
+            outcome = await self.store.release_batch([(e.id, e.attempt, e.claim_epoch) for e in todo])
+        except Exception as exc:
+            # nothing more to try before the exit: the rows stay held until their lease runs out, then any
+            # sweeper retries them (the attempt counts, as for a crash)
+            self.unreleased += [str(e.id) for e in todo]
+            self.exit_code = exitcodes.LEASES_LOST
+            log.error("could not release %d jobs (%s): left to the sweeper once their lease runs out",
+                      len(todo), exc)
+            return
         for e in todo:
             status = outcome.get(e.id)
             if status is None:
@@ -176,6 +189,10 @@ class Worker:
                     await self.hooks.run(e.actor.on_cancel, e, e.actor.on_cancel_timeout, "on_cancel")
             else:
                 self.summary["released"].append(str(e.id))
+
+    def db_in_doubt(self) -> bool:
+        """The database did not answer lately: the exit path gives each last step a short budget."""
+        return self.leases_lost or bool(self.unreleased) or self.heartbeat.consecutive_failures > 0
 
     async def release_unstarted(self, jobs: Sequence[ClaimedJob]) -> None:
         await self.release([ActiveJob(job=j) for j in jobs])
@@ -235,7 +252,7 @@ class Worker:
             completer = services.pop("completer")
             for task in services.values():
                 task.cancel()
-            if self.leases_lost:  # a service may be stuck cancelling a query the server never answers
+            if self.db_in_doubt():  # a service may be stuck cancelling a query the server never answers
                 await settle([*services.values(), *self.heartbeat.stuck_ticks()], LOST_LEASES_FINAL_STEP_BUDGET)
             await cancel_and_wait([*services.values(), stop_wait])
             await asyncio.gather(*services.values(), stop_wait, return_exceptions=True)
@@ -262,10 +279,8 @@ class Worker:
         if self.leases_lost:
             await self._wait_empty(s.cleanup_grace_period)
             return
-        try:
-            await self.store.mark_stopping()
-        except Exception as exc:
-            log.warning("could not mark the worker stopping: %s", exc)
+        # informational only: never let an unreachable database hold up the stop
+        await self._bounded(self.store.mark_stopping(), MARK_STOPPING_BUDGET, "marking the worker stopping")
         # SIGNALLED: record why (SHUTDOWN) before setting each cancel event
         for entry in self.registry:
             entry.request_cancel(CancelOrigin.SHUTDOWN)
@@ -283,13 +298,11 @@ class Worker:
         # execution start beside it; the watchdog ends the process and the sweeper reclaims the row.
         remaining = [e for e in self.registry if not e.finishing and not self._still_executing(e)]
         if remaining:
-            try:
-                await self.release(remaining)
-            except Exception as exc:
-                log.error("releasing %d jobs failed (%s); lock expiry will recover them", len(remaining), exc)
+            await self.release(remaining)
         await self._wait_empty(0.5)
         # EXITING
         self.summary["held"] = [str(e.id) for e in self.registry if not e.finishing or self._still_executing(e)]
+        self.summary["held"] += [i for i in self.unreleased if i not in self.summary["held"]]
         for outcome, ids in self.summary.items():
             SHUTDOWN_JOBS.labels(outcome=outcome).inc(len(ids))
         log.info("worker %s stopped: released=%s cancelled=%s still_held=%s", self.worker_id,
@@ -313,17 +326,21 @@ class Worker:
                 pass
 
     async def _final_step(self, step: Coroutine[Any, Any, None], what: str) -> None:
-        """A last database step of the exit path. After the leases were lost the database was out of
-        reach for lock_timeout: give it LOST_LEASES_FINAL_STEP_BUDGET seconds rather than the pool's own
-        waits, so the worker exits LEASES_LOST promptly instead of being killed by its watchdog."""
-        if not self.leases_lost:
+        """A last database step of the exit path. When the database did not answer lately (the leases were
+        lost, a release failed, heartbeats fail) give it LOST_LEASES_FINAL_STEP_BUDGET seconds rather
+        than the pool's own waits, so the worker exits promptly instead of being killed by its watchdog."""
+        if not self.db_in_doubt():
             try:
                 await step
             except Exception as exc:
                 log.warning("%s failed: %s", what, exc)
             return
+        await self._bounded(step, LOST_LEASES_FINAL_STEP_BUDGET, what)
+
+    @staticmethod
+    async def _bounded(step: Coroutine[Any, Any, None], budget: float, what: str) -> None:
         task = asyncio.get_running_loop().create_task(step)
-        await settle([task], LOST_LEASES_FINAL_STEP_BUDGET)
+        await settle([task], budget)
         if not task.done() or task.cancelled():
             log.warning("%s: no answer from the database in time; the sweeper will clean up", what)
         elif task.exception() is not None:
@@ -346,7 +363,7 @@ class Worker:
             await asyncio.wait(self.consumers.tasks, timeout=1.0)
         await self._final_step(self.completer.drain(), "final writes")
         await self._final_step(self.store.deregister(), "deregistering the worker")
-        await self.backend.close(timeout=LOST_LEASES_FINAL_STEP_BUDGET if self.leases_lost else 5.0)
+        await self.backend.close(timeout=LOST_LEASES_FINAL_STEP_BUDGET if self.db_in_doubt() else 5.0)
 
     def _describe_held(self) -> list[str]:
         return [f"{e.id}#{e.attempt}" for e in self.registry]

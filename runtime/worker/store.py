@@ -187,24 +187,25 @@ class WorkerStore:
             )
             return (await cur.fetchone()) is not None
 
-    async def sweep_expired(self, *, limit: int = 500) -> dict[str, int]:
-        """Reclaim rows whose lease ran out (the sweeper); verdict -> count."""
-        return await self._reclaim(None, None, "lock_expired", limit)
+    async def sweep_expired(self, tracked: Sequence[UUID], *, limit: int = 500) -> dict[str, int]:
+        """Reclaim rows whose lease ran out, and our own rows past their claim lock that we do not track
+        (`tracked`: the ids this worker holds); verdict -> count."""
+        return await self._reclaim(None, None, "lock_expired", limit, tracked)
 
     async def take_over(self) -> dict[str, int]:
         """Reclaim the running rows left under our worker id by an earlier process that used the same id
         (an explicit worker_id, a supervisor slot): at start this process holds nothing, and our fresh
         lease would otherwise keep those rows from every sweeper."""
         return await self._reclaim(self.worker_id, "was replaced by a new process with the same worker id",
-                                   "worker_restarted", None)
+                                   "worker_restarted", None, ())
 
     async def _reclaim(self, worker_id: str | None, detail: str | None, cause: str, limit: int | None,
-                       ) -> dict[str, int]:
+                       tracked: Sequence[UUID]) -> dict[str, int]:
         async with self.pool.connection() as conn:
             cur = await conn.execute(
                 sql.query("job_reclaim"),
                 {"worker_id": worker_id, "detail": detail, "limit": limit, "base_delay": 1.0, "max_delay": 60.0,
-                 "cause": cause, "sweeper_id": self.worker_id},
+                 "cause": cause, "sweeper_id": self.worker_id, "tracked": list(tracked)},
             )
             counts: dict[str, int] = {}
             for _, status in await cur.fetchall():

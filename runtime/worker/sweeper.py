@@ -1,5 +1,6 @@
-"""The sweeper: reclaims rows whose lease expired (dead or frozen workers) and rows past their
-schedule_to_close. Runs on every worker; SKIP LOCKED makes concurrent sweeps safe."""
+"""The sweeper: reclaims rows whose lease expired (dead or frozen workers), its own worker's rows that
+worker lost track of, and rows past their schedule_to_close. Runs on every worker; SKIP LOCKED makes
+concurrent sweeps safe."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ class Sweeper:
     async def sweep_once(self) -> dict[str, int]:
         total: dict[str, int] = {}
         while True:
-            counts = await self.w.store.sweep_expired(limit=SWEEP_BATCH)
+            counts = await self.w.store.sweep_expired([e.id for e in self.w.registry], limit=SWEEP_BATCH)
             for verdict, n in counts.items():
                 total[verdict] = total.get(verdict, 0) + n
                 JOBS_SWEPT.labels(verdict=verdict).inc(n)

@@ -4,6 +4,7 @@ and learns from lease_losses which rows were taken away from it."""
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -135,8 +136,8 @@ async def test_a_new_process_reusing_a_worker_id_takes_over_the_rows_left_under_
     assert events[0].detail["cause"] == "worker_restarted"
 
 
-async def test_a_sweeper_never_reclaims_its_own_workers_rows(dsn: str, client: JobsClient) -> None:
-    """Its own worker is alive by definition: its heartbeat and self-fence decide about its rows."""
+async def test_a_sweeper_leaves_the_rows_its_own_worker_tracks_alone(dsn: str, client: JobsClient) -> None:
+    """Its own worker is alive by definition: its heartbeat and self-fence decide about the rows it holds."""
     reg, started, stopped = sleeper_registry()
     async with running_worker(dsn, reg, **QUIET) as worker:
         handle = await client.enqueue("lease.sleeper", 1)
@@ -148,6 +149,28 @@ async def test_a_sweeper_never_reclaims_its_own_workers_rows(dsn: str, client: J
         await worker.heartbeat.tick()
         assert not stopped and handle.job_id in worker.registry
         assert (await handle.refresh()).status is JobStatus.RUNNING
+
+
+async def test_a_row_its_worker_lost_track_of_is_reclaimed_by_that_workers_own_sweeper(
+    dsn: str, client: JobsClient
+) -> None:
+    """An outcome the worker could not write, or a claim whose reply never arrived, leaves a running row
+    under a live worker that its registry does not hold, and the worker's lease would keep it held for as
+    long as the worker lives. Once the row's claim lock runs out, the worker's own sweeper reclaims it."""
+    reg, _, _ = sleeper_registry()
+    async with running_worker(dsn, reg) as worker:
+        handle = await client.enqueue("lease.sleeper", 1001, scheduled_at=timedelta(hours=1))
+        query(dsn, "UPDATE taskq.jobs SET status = 'running', attempt = 1, claim_epoch = 1, worker_id = %s, "
+                   "started_at = now(), scheduled_at = now(), lock_expires_at = now() + interval '0.3 s' "
+                   "WHERE id = %s", worker.worker_id, handle.job_id)
+        query(dsn, "INSERT INTO taskq.job_attempts (job_id, attempt, claim_epoch, worker_id) VALUES (%s, 1, 1, %s)",
+              handle.job_id, worker.worker_id)
+        row = await handle.wait(timeout=15)
+    assert row.status is JobStatus.SUCCEEDED and row.attempt == 2 and row.worker_id == worker.worker_id
+    first = (await client.attempts(handle.job_id))[0]
+    assert (first.outcome, first.error_class) == ("crashed", "WorkerCrashed")
+    events = await client.events(handle.job_id)
+    assert events[0].to_status == "scheduled" and events[0].detail["swept_by"] == worker.worker_id
 
 
 async def test_the_heartbeat_statement_reads_no_held_row_without_a_cancel_request(

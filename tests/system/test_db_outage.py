@@ -302,6 +302,42 @@ def test_a_hung_server_fences_the_worker_at_the_lease_deadline_not_when_psycopg_
           f"exit {code} after {exited_after:.2f} s")
 
 
+def test_a_stop_during_an_outage_ends_within_shutdown_timeout_and_leaves_the_job_to_the_sweeper(
+    server: DedicatedServer, dsn: str, spawn_worker: Any
+) -> None:
+    """SIGTERM while the database is down: the actor stops at once (cooperative), the release cannot be
+    written, and the worker must still exit by itself within shutdown_timeout (not by its watchdog),
+    saying its jobs are left to the sweeper; the job is retried elsewhere once the lease runs out."""
+    lock_timeout, shutdown_timeout = 8.0, 5.0
+    w = spawn_worker(heartbeat_interval=0.3, lock_timeout=lock_timeout, shutdown_timeout=shutdown_timeout)
+    w_id = w.worker_id()
+    job_id = enqueue(dsn, "test.sleep", {"seconds": 60.0})
+    wait_until(lambda: job(dsn, job_id)["worker_id"] == w_id and job(dsn, job_id)["status"] == "running")
+
+    server.stop()
+    signalled_at = time.monotonic()
+    w.signal(signal.SIGTERM)
+    code = w.wait(shutdown_timeout + 15)
+    exited_after = time.monotonic() - signalled_at
+    log = w.log()
+    assert code == exitcodes.LEASES_LOST, log
+    assert exited_after < shutdown_timeout, log
+    assert "left to the sweeper" in log, log
+    assert SECRET not in log
+    server.start()
+
+    row = job(dsn, job_id)  # nothing could be written: still attempt 1 of the stopped worker
+    assert (row["status"], row["attempt"], row["worker_id"]) == ("running", 1, w_id)
+    w2 = spawn_worker(heartbeat_interval=0.3, lock_timeout=lock_timeout)
+    w2_id = w2.worker_id()
+    wait_until(lambda: job(dsn, job_id)["status"] == "running" and job(dsn, job_id)["worker_id"] == w2_id,
+               timeout=lock_timeout + 15)
+    assert [a[2] for a in attempts(dsn, job_id)] == ["crashed", None]
+    w2.signal(signal.SIGTERM)
+    assert w2.wait(20) == exitcodes.OK
+    print(f"\nstop during an outage: exit {code} after {exited_after:.2f} s (shutdown_timeout {shutdown_timeout} s)")
+
+
 def test_an_idle_worker_rides_out_a_long_outage_and_works_again_within_seconds(
     server: DedicatedServer, dsn: str, spawn_worker: Any
 ) -> None:
