@@ -35,8 +35,15 @@ WHERE l.worker_id IN (SELECT id FROM gone)
 -- One ordered index scan per queue (jobs_claim_idx), each stopping at the limit: `queue = ANY(...)`
 -- would read and sort the whole backlog on every claim. With several queues, the rows one queue's
 -- scan locked but the final LIMIT leaves out are unlocked again at commit, untouched.
+-- The LIMIT on the queue list never cuts it; it is there for the planner. Planning this statement
+-- costs more than running it on a short queue (0.15 ms warm, 0.35 ms from an idle CPU), so the prepared
+-- statement should keep a generic plan. PostgreSQL keeps one only if it looks no dearer than the custom
+-- plans, and without the LIMIT a generic plan assumes ten queues (ten index scans). A LIMIT that is not a
+-- constant is taken to keep a tenth of the rows: one queue. With a long backlog the generic plan's
+-- guess at the outer LIMIT makes it look dear, and PostgreSQL goes back to custom plans by itself.
 WITH picked AS (
-    SELECT c.id, c.prev FROM (SELECT DISTINCT unnest(%(queues)s::text[])) AS q(name)
+    SELECT c.id, c.prev
+    FROM (SELECT DISTINCT unnest(%(queues)s::text[]) LIMIT cardinality(%(queues)s::text[])) AS q(name)
     CROSS JOIN LATERAL (
         SELECT id, status AS prev, priority, scheduled_at FROM taskq.jobs
         WHERE status IN ('pending', 'scheduled') AND queue = q.name AND scheduled_at <= now()
@@ -163,7 +170,7 @@ WITH i AS (
            || jsonb_strip_nulls(jsonb_build_object('error_class', u.error_class, 'claim_epoch', u.claim_epoch))
     FROM upd AS u
 )
-SELECT u.id FROM upd AS u;
+SELECT u.id, u.status FROM upd AS u;
 
 -- name: job_release_batch
 -- Shutdown RELEASING: give interrupted rows back to the fleet (pending, or scheduled behind a hold),

@@ -23,19 +23,20 @@ class Completer:
     def __init__(self, store: WorkerStore, *, give_up_after: float) -> None:
         self._store = store
         self._give_up_after = give_up_after
-        self._queue: list[tuple[Finish, asyncio.Future[bool]]] = []
+        self._queue: list[tuple[Finish, asyncio.Future[str | None]]] = []
         self._wake = asyncio.Event()
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def finish(self, item: Finish) -> bool:
-        """Queue one outcome and wait for its write. True if the fence held (the row changed).
+    async def finish(self, item: Finish) -> str | None:
+        """Queue one outcome and wait for its write: the status written, or None when the fence did not
+        hold (the row was not changed). A retry written over an operator's cancel request is 'cancelled'.
 
         A caller cancelled while it waits cancels only its own wait: the outcome stays queued and is
         written anyway (the future it awaited is simply not resolved)."""
         # once per worker, not per job: get_running_loop() costs a getpid() system call each time
         loop = self._loop or self._bind_loop()
-        future: asyncio.Future[bool] = loop.create_future()
+        future: asyncio.Future[str | None] = loop.create_future()
         self._queue.append((item, future))
         self._wake.set()
         return await future
@@ -49,14 +50,14 @@ class Completer:
     ) -> bool:
         """The spec's mark_cancelled: fenced, and refused by the database unless an operator's cancel
         request is on the row. True if it changed the row."""
-        return await self.finish(Finish(
+        return None is not await self.finish(Finish(
             job_id=job.id, attempt=job.attempt, claim_epoch=job.claim_epoch, status="cancelled",
             outcome="cancelled", error_class=marker.value, error_message=message, detail=detail,
         ))
 
     async def mark_abandoned(self, job: ClaimedJob, message: str) -> bool:
         """The spec's mark_abandoned: the holder ignored the cancel past both graces (CancelAbandoned)."""
-        return await self.finish(Finish(
+        return None is not await self.finish(Finish(
             job_id=job.id, attempt=job.attempt, claim_epoch=job.claim_epoch, status="abandoned",
             outcome="abandoned", error_class=CancelMarker.ABANDONED.value, error_message=message,
             detail={"cancel_phase": 2},
@@ -78,7 +79,7 @@ class Completer:
             del self._queue[:MAX_BATCH]
             await self._write(batch)
 
-    async def _write(self, batch: list[tuple[Finish, asyncio.Future[bool]]]) -> None:
+    async def _write(self, batch: list[tuple[Finish, asyncio.Future[str | None]]]) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._give_up_after
         delay = 0.05
@@ -101,12 +102,12 @@ class Completer:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
         for item, future in batch:
-            held = item.job_id in written
-            if not held:
+            status = written.get(item.job_id)
+            if status is None:
                 STALE_WRITES.inc()
                 log.warning(
                     "stale write ignored: job %s attempt %d epoch %d (%s) no longer belongs to this attempt",
                     item.job_id, item.attempt, item.claim_epoch, item.status,
                 )
             if not future.done():
-                future.set_result(held)
+                future.set_result(status)

@@ -210,9 +210,16 @@ class Consumers:
             return
         finish = decide_after_failure(actor, job, exc, type(exc).__name__)
         log.info("job %s attempt %d failed with %s -> %s", job.id, job.attempt, type(exc).__name__, finish.status)
-        written = await self._write(entry, finish)
-        if written and finish.status == "failed" and actor.on_retry_exhausted is not None:
+        await self._after_failure(entry, actor, finish, await self._write(entry, finish))
+
+    async def _after_failure(self, entry: ActiveJob, actor: Actor[Any, Any], finish: Finish,
+                             written: str | None) -> None:
+        """Hooks for a failure's outcome. A retry the database turned into a cancel (the operator's request
+        committed before the failure was written) is a cancel: on_cancel, not a retry."""
+        if written == "failed" and actor.on_retry_exhausted is not None:
             await self.w.hooks.run(actor.on_retry_exhausted, entry, actor.hook_timeout, "on_retry_exhausted")
+        elif written == "cancelled" and finish.status == RETRY and actor.on_cancel is not None:
+            await self.w.hooks.run(actor.on_cancel, entry, actor.on_cancel_timeout, "on_cancel")
 
     async def _on_cancelled(self, entry: ActiveJob, actor: Actor[Any, Any]) -> None:
         """The actor ended with CancelledError: decide by why it was stopped, never by the exception."""
@@ -239,9 +246,7 @@ class Consumers:
 
     async def _on_timeout(self, entry: ActiveJob, actor: Actor[Any, Any], exc: TimeoutError) -> None:
         finish = decide_after_failure(actor, entry.job, exc, "AttemptTimeout")
-        written = await self._write(entry, finish)
-        if written and finish.status == "failed" and actor.on_retry_exhausted is not None:
-            await self.w.hooks.run(actor.on_retry_exhausted, entry, actor.hook_timeout, "on_retry_exhausted")
+        await self._after_failure(entry, actor, finish, await self._write(entry, finish))
 
     async def _write_cancelled(self, entry: ActiveJob, actor: Actor[Any, Any] | None,
                                detail: dict[str, Any] | None = None) -> bool:
@@ -255,7 +260,7 @@ class Consumers:
         ))
         if written and actor is not None and actor.on_cancel is not None:
             await self.w.hooks.run(actor.on_cancel, entry, actor.on_cancel_timeout, "on_cancel")
-        return written
+        return written is not None
 
     async def _release_or_drop(self, entry: ActiveJob) -> None:
         """Shutdown interruption: an operator cancel on the row wins (cancelled, forced); otherwise the
@@ -264,16 +269,17 @@ class Consumers:
             return
         await self.w.release([entry])
 
-    async def _write(self, entry: ActiveJob, finish: Finish) -> bool:
+    async def _write(self, entry: ActiveJob, finish: Finish) -> str | None:
+        """The status written (a retry over an operator's cancel request comes back 'cancelled'), or None."""
         entry.finishing = True
         try:
             written = await self.w.completer.finish(finish)
         except Exception as exc:
             log.error("job %s: outcome %s not written (%s); its lease will expire and the sweeper "
                       "will decide", entry.id, finish.status, exc)
-            return False
-        if written:
-            self._completed[finish.status if finish.status != RETRY else "retried"].inc()
+            return None
+        if written is not None:
+            self._completed[written if written != RETRY else "retried"].inc()
         return written
 
     # -- ContextRuntime --------------------------------------------------------------------------

@@ -148,8 +148,9 @@ class WorkerStore:
         )
         return (await cur.fetchone()) is not None
 
-    async def finish_batch(self, items: Sequence[Finish]) -> set[UUID]:
-        """Write many outcomes in one statement; returns the ids whose fence held."""
+    async def finish_batch(self, items: Sequence[Finish]) -> dict[UUID, str]:
+        """Write many outcomes in one statement; returns id -> status written, for the rows whose fence
+        held (a retry over an operator's cancel request is written as 'cancelled')."""
         params = {
             "worker_id": self.worker_id,
             "ids": [f.job_id for f in items],
@@ -165,7 +166,7 @@ class WorkerStore:
         }
         async with self.pool.connection() as conn:
             cur = await conn.execute(sql.query("job_finish_batch"), params)
-            return {row[0] for row in await cur.fetchall()}
+            return {job_id: status for job_id, status in await cur.fetchall()}
 
     async def release_batch(self, held: Sequence[tuple[UUID, int, int]]) -> dict[UUID, str]:
         """Give rows back to the fleet (shutdown). Returns id -> new status for rows whose fence held."""

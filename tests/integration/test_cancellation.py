@@ -384,3 +384,39 @@ async def test_cancellation_requested_counter_is_exactly_once_per_call(client: J
     with pytest.raises(KeyError):
         await client.cancel("00000000-0000-7000-8000-000000000000")
     assert requested() == before + 3
+
+
+def completed(status: str) -> float:
+    return REGISTRY.get_sample_value("taskq_jobs_completed_total", {"status": status}) or 0.0
+
+
+async def test_a_failure_whose_retry_meets_a_cancel_request_ends_cancelled_with_on_cancel(
+    client: JobsClient,
+) -> None:
+    """The operator's request commits after the actor raised and before its worker heard of it (no NOTIFY,
+    no tick in between): the retry the worker writes is turned into a cancel by the database, and the
+    worker treats it as one: on_cancel runs, and the outcome is counted as cancelled, not retried."""
+    reg = ActorRegistry()
+    hooked: list[JobRow] = []
+
+    async def on_cancel(row: JobRow) -> None:
+        hooked.append(row)
+
+    @actor(name="fails_after_request", registry=reg, on_cancel=on_cancel, max_attempts=3)
+    async def fails_after_request(payload: int, ctx: JobContext[int]) -> int:
+        # the request as JobsClient.cancel writes it, minus the NOTIFY that would reach the worker first
+        await sql(client, "UPDATE taskq.jobs SET cancel_requested_at = now(), cancel_phase = 1, "
+                          "cancel_reason = 'late' WHERE id = %s", ctx.job_id)
+        raise ValueError("boom")
+
+    cancelled_before, retried_before = completed("cancelled"), completed("retried")
+    async with running_worker(client.backend.dsn, reg, heartbeat_interval=30.0, lock_timeout=60.0):
+        handle = await client.enqueue(fails_after_request, 1)
+        with pytest.raises(JobFailed) as failed:
+            await handle.wait(timeout=10)
+        await wait_for(lambda: hooked)
+    row = failed.value.row
+    assert row.status is JobStatus.CANCELLED and row.error_class == "CancelledCooperatively" and row.attempt == 1
+    assert [r.status for r in hooked] == [JobStatus.CANCELLED]
+    assert completed("cancelled") == cancelled_before + 1 and completed("retried") == retried_before
+    assert await terminal_events(client, handle.job_id) == ["cancelled"]
