@@ -45,6 +45,12 @@ async def migrate(conn: AsyncConnection[Any]) -> MigrationOutcome:
             await conn.execute(sql.query("migrations_lock"), {"key": MIGRATION_LOCK_KEY})
             done = await _applied(conn)
             if migration.version in done:
+                if done[migration.version] != migration.checksum:
+                    raise MigrationError(
+                        f"migration {migration.version:04d}_{migration.name} was applied from a different file "
+                        f"(checksum {done[migration.version][:12]}..., this taskq ships {migration.checksum[:12]}...): "
+                        "an applied migration must never change; install the taskq release that applied it"
+                    )
                 continue
             try:
                 await conn.execute(migration.sql)

@@ -13,7 +13,7 @@ from psycopg import AsyncConnection, errors
 
 from taskq import sql
 from taskq.client import JobsClient
-from taskq.exceptions import SchemaNotReady, SchemaTooNew
+from taskq.exceptions import MigrationError, SchemaNotReady, SchemaTooNew
 from taskq.migrations import migrate, migrate_dsn
 
 EXPECTED_TABLES = {"jobs", "job_events", "job_attempts", "workers", "lease_losses", "schema_migrations"}
@@ -136,6 +136,14 @@ async def test_running_migrate_again_applies_nothing(conn: AsyncConnection[Any])
     assert again.current == sql.latest_version()
     assert await _scalar(conn, "SELECT count(*) FROM taskq.schema_migrations") == len(sql.migrations())
     assert await _scalar(conn, "SELECT applied_at FROM taskq.schema_migrations WHERE version = 1") == applied_at
+
+
+async def test_migrate_refuses_an_applied_migration_whose_file_changed(conn: AsyncConnection[Any]) -> None:
+    await migrate(conn)
+    await conn.execute("UPDATE taskq.schema_migrations SET checksum = 'edited' WHERE version = 1")
+    with pytest.raises(MigrationError, match=r"migration 0001_initial was applied from a different file"):
+        await migrate(conn)
+    assert await _scalar(conn, "SELECT count(*) FROM taskq.schema_migrations") == len(sql.migrations())
 
 
 async def test_two_concurrent_migrations_both_succeed_and_apply_each_version_once(empty_dsn: str) -> None:
