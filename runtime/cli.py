@@ -35,28 +35,24 @@ import argparse
 import asyncio
 import enum
 import json
-import math
 import os
-import re
 import sys
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn
-from urllib.parse import unquote, urlsplit
 from uuid import UUID
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import PoolTimeout
 from pydantic import ValidationError
 
 from taskq import cli_output, sql
 from taskq.actors.declaration import default_registry
+from taskq.cli_args import int_arg, job_id_arg, seconds_arg, when_arg
 from taskq.client import DEFAULT_MAX_PAYLOAD_BYTES, JobHandle, JobsClient, check_reason, prepare_insert
-from taskq.dsn import redact_dsn, resolve_dsn
+from taskq.dsn import redact_dsn, resolve_dsn, scrub
 from taskq.embedded import INSTALL_HINT, data_dir
 from taskq.exceptions import (
     ActorDefinitionError,
@@ -114,61 +110,6 @@ class AppNotImportable(CliError):
 
 
 # -- argument types: reject bad values before any connection is made ----------------------------
-
-
-def job_id_arg(text: str) -> UUID:
-    try:
-        return UUID(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a job id (expected a UUID): {text!r}") from None
-
-
-def _int_arg(low: int, high: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be between {low} and {high}, got {value}")
-        return value
-
-    parse.__name__ = "integer"
-    return parse
-
-
-def seconds_arg(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value
-
-
-_RELATIVE = re.compile(r"^\+(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def when_arg(text: str) -> datetime | timedelta:
-    """An ISO 8601 time with a timezone (`2030-01-01T09:00:00+02:00`, `...Z`) or a delay (`+30s`,
-    `+5m`, `+2h`, `+1d`, `+250ms`) from now."""
-    relative = _RELATIVE.match(text.strip())
-    if relative:
-        return timedelta(seconds=float(relative.group(1)) * _UNIT_SECONDS[relative.group(2)])
-    try:
-        value = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected an ISO 8601 time with a timezone (e.g. 2030-01-01T09:00:00Z) or a delay like +30s, "
-            f"got {text!r}"
-        ) from None
-    if value.tzinfo is None:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} has no timezone: add one (e.g. {text}Z or {text}+02:00), or give a delay like +30s"
-        )
-    return value
 
 
 def read_payload(text: str) -> Any:
@@ -457,12 +398,12 @@ COMMANDS: tuple[Command, ...] = (
             arg("--payload", required=True, metavar="JSON",
                 help="the payload as JSON; @FILE reads a file, - reads stdin"),
             arg("--queue", help="queue name (default: 'default')"),
-            arg("--priority", type=_int_arg(-(2**31), 2**31 - 1), help="lower runs first (default 0)"),
+            arg("--priority", type=int_arg(-(2**31), 2**31 - 1), help="lower runs first (default 0)"),
             arg("--tag", action="append", metavar="TAG", help="tag the job (repeatable)"),
             arg("--at", type=when_arg, metavar="TIME",
                 help="run no earlier than TIME: ISO 8601 with a timezone (2030-01-01T09:00:00Z), "
                 "or a delay from now: +250ms, +30s, +5m, +2h, +1d"),
-            arg("--max-attempts", type=_int_arg(1, 2**31 - 1), metavar="N",
+            arg("--max-attempts", type=int_arg(1, 2**31 - 1), metavar="N",
                 help="attempts before the job fails (default 3)"),
             arg("--schedule-to-close", type=seconds_arg, metavar="SECONDS",
                 help="the job must finish within SECONDS of now, retries included"),
@@ -485,7 +426,7 @@ COMMANDS: tuple[Command, ...] = (
         "jobs", cmd_jobs, "list jobs, newest first",
         (
             *FILTER_ARGS,
-            arg("--limit", type=_int_arg(1, 100_000), default=DEFAULT_JOBS_LIMIT, metavar="N",
+            arg("--limit", type=int_arg(1, 100_000), default=DEFAULT_JOBS_LIMIT, metavar="N",
                 help=f"at most N jobs (default {DEFAULT_JOBS_LIMIT})"),
             JSON_ARG,
         ),
@@ -553,53 +494,6 @@ def build_parser(commands: Sequence[Command] = COMMANDS) -> Parser:
             command.configure(p)
         p.set_defaults(handler=command.run)
     return parser
-
-
-_URL_USERINFO = re.compile(
-    r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/?#@\s]*):(?P<secret>[^/?#\s]*)@", re.I
-)
-_KEYWORD_PASSWORD = re.compile(r"""(?P<key>password\s*=\s*)(?P<secret>'(?:[^'\\]|\\.)*'|[^\s&]+)""", re.I)
-# in a DSN psycopg cannot parse, the words after password= up to the next keyword may all be the password
-_LOOSE_PASSWORD = re.compile(r"password\s*=\s*(?P<secret>.*?)(?=\s+\w+\s*=|$)", re.I | re.S)
-
-
-def _passwords(dsn: str | None) -> set[str]:
-    """Every form of the password a DSN carries (raw, percent-decoded, parsed), to scrub from output."""
-    if not dsn:
-        return set()
-    found: set[str] = set()
-    try:
-        parsed = conninfo_to_dict(dsn).get("password")
-        if parsed:
-            found.add(str(parsed))
-    except psycopg.Error:
-        pass
-    if "://" in dsn:
-        try:
-            netloc = urlsplit(dsn).netloc
-        except ValueError:
-            netloc = ""
-        userinfo = netloc.rsplit("@", 1)[0] if "@" in netloc else ""
-        if ":" in userinfo:
-            raw = userinfo.split(":", 1)[1]
-            found.update({raw, unquote(raw)})
-    for match in _KEYWORD_PASSWORD.finditer(dsn):
-        secret = match.group("secret")
-        found.update({secret, secret.strip("'"), unquote(secret)})
-    for match in _LOOSE_PASSWORD.finditer(dsn):
-        found.update(match.group("secret").split())
-    return {s for s in found if s}
-
-
-def scrub(text: str, dsns: Sequence[str | None]) -> str:
-    """`text` with every DSN password masked: those of the given DSNs, and any that looks like one."""
-    for dsn in dsns:
-        if dsn and dsn in text:
-            text = text.replace(dsn, redact_dsn(dsn))
-    for secret in sorted(set().union(*(_passwords(d) for d in dsns)), key=len, reverse=True):
-        text = text.replace(secret, "***")
-    text = _URL_USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}@", text)
-    return _KEYWORD_PASSWORD.sub(lambda m: f"{m['key']}***", text)
 
 
 def classify(exc: BaseException) -> tuple[ExitCode, str]:

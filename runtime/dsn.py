@@ -1,9 +1,12 @@
-"""Where the database is: an explicit DSN, `TASKQ_DSN`, or the embedded server."""
+"""Where the database is (an explicit DSN, `TASKQ_DSN`, or the embedded server), and keeping DSN passwords
+out of everything printed or logged."""
 
 from __future__ import annotations
 
 import os
-from urllib.parse import urlsplit, urlunsplit
+import re
+from collections.abc import Sequence
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -50,3 +53,50 @@ def redact_dsn(dsn: str) -> str:
         return "<unparseable DSN>"
     params.pop("password", None)
     return make_conninfo(**{k: str(v) for k, v in params.items()})
+
+
+_URL_USERINFO = re.compile(
+    r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/?#@\s]*):(?P<secret>[^/?#\s]*)@", re.I
+)
+_KEYWORD_PASSWORD = re.compile(r"""(?P<key>password\s*=\s*)(?P<secret>'(?:[^'\\]|\\.)*'|[^\s&]+)""", re.I)
+# in a DSN psycopg cannot parse, the words after password= up to the next keyword may all be the password
+_LOOSE_PASSWORD = re.compile(r"password\s*=\s*(?P<secret>.*?)(?=\s+\w+\s*=|$)", re.I | re.S)
+
+
+def _passwords(dsn: str | None) -> set[str]:
+    """Every form of the password a DSN carries (raw, percent-decoded, parsed), to scrub from output."""
+    if not dsn:
+        return set()
+    found: set[str] = set()
+    try:
+        parsed = conninfo_to_dict(dsn).get("password")
+        if parsed:
+            found.add(str(parsed))
+    except psycopg.Error:
+        pass
+    if "://" in dsn:
+        try:
+            netloc = urlsplit(dsn).netloc
+        except ValueError:
+            netloc = ""
+        userinfo = netloc.rsplit("@", 1)[0] if "@" in netloc else ""
+        if ":" in userinfo:
+            raw = userinfo.split(":", 1)[1]
+            found.update({raw, unquote(raw)})
+    for match in _KEYWORD_PASSWORD.finditer(dsn):
+        secret = match.group("secret")
+        found.update({secret, secret.strip("'"), unquote(secret)})
+    for match in _LOOSE_PASSWORD.finditer(dsn):
+        found.update(match.group("secret").split())
+    return {s for s in found if s}
+
+
+def scrub(text: str, dsns: Sequence[str | None]) -> str:
+    """`text` with every DSN password masked: those of the given DSNs, and any that looks like one."""
+    for dsn in dsns:
+        if dsn and dsn in text:
+            text = text.replace(dsn, redact_dsn(dsn))
+    for secret in sorted(set().union(*(_passwords(d) for d in dsns)), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    text = _URL_USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}@", text)
+    return _KEYWORD_PASSWORD.sub(lambda m: f"{m['key']}***", text)

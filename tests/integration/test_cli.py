@@ -15,8 +15,7 @@ import pytest
 from psycopg import sql as pgsql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from taskq.cli import scrub
-from taskq.dsn import redact_dsn
+from taskq.dsn import redact_dsn, scrub
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SECRET = "secretpw"
