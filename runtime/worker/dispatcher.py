@@ -16,6 +16,7 @@ from taskq.metrics import JOBS_CLAIMED, JOBS_IN_FLIGHT
 
 if TYPE_CHECKING:
     from taskq.worker.main import Worker
+    from taskq.worker.store import ClaimedJob
 
 log = logging.getLogger("taskq.dispatcher")
 
@@ -24,15 +25,22 @@ class Dispatcher:
     def __init__(self, worker: Worker) -> None:
         self.w = worker
         self.wake = asyncio.Event()
+        self.full = False
+        """Waiting for a free slot (every one of `concurrency` is taken), not for new jobs."""
 
     async def run(self) -> None:
         s = self.w.settings
+        loop = asyncio.get_running_loop()
         backoff = 0.05
         while not self.w.draining:
             free = s.concurrency - len(self.w.registry)
             if free <= 0:
                 self.wake.clear()
-                await self.wake.wait()
+                self.full = True
+                try:
+                    await self.wake.wait()
+                finally:
+                    self.full = False
                 continue
             want = min(free, s.claim_batch_size)
             try:
@@ -41,30 +49,38 @@ class Dispatcher:
                 log.warning("claim failed: %s (retrying in %.2fs)", exc, backoff)
                 # a NOTIFY (the listener is back, so is the database) cuts the backoff short
                 self.wake.clear()
-                try:
-                    await asyncio.wait_for(self.wake.wait(), backoff)
-                except TimeoutError:
-                    pass
+                await self._wait(backoff)
                 backoff = min(backoff * 2, s.poll_interval)
                 continue
             backoff = 0.05
             if self.w.draining:  # stop arrived during the claim: run nothing new, give the rows back
                 await self.w.release_unstarted(jobs)
                 return
-            claimed: dict[str, int] = {}
             for job in jobs:
-                claimed[job.queue] = claimed.get(job.queue, 0) + 1
                 self.w.consumers.spawn(job)
-            for queue, count in claimed.items():  # one labelled increment per queue, not per job
-                JOBS_CLAIMED.labels(queue=queue).inc(count)
             if jobs:
-                JOBS_IN_FLIGHT.set(len(self.w.registry))
+                # counted after the new consumers' first steps, which start the actors
+                loop.call_soon(self._count, jobs)
             if len(jobs) < want:
-                try:
-                    await asyncio.wait_for(self.wake.wait(), s.poll_interval)
-                except TimeoutError:
-                    pass
+                await self._wait(s.poll_interval)
                 self.wake.clear()
+
+    async def _wait(self, timeout: float) -> None:
+        """Until woken, or `timeout` seconds. Not asyncio.wait_for: on Python 3.11 it waits in a task of
+        its own, which puts two more turns of the loop between a NOTIFY and the claim."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self.wake.wait()
+        except TimeoutError:
+            pass
+
+    def _count(self, jobs: list[ClaimedJob]) -> None:
+        claimed: dict[str, int] = {}
+        for job in jobs:
+            claimed[job.queue] = claimed.get(job.queue, 0) + 1
+        for queue, count in claimed.items():  # one labelled increment per queue, not per job
+            JOBS_CLAIMED.labels(queue=queue).inc(count)
+        JOBS_IN_FLIGHT.set(len(self.w.registry))
 
 
 class Listener:

@@ -124,7 +124,10 @@ class Worker:
         return sum(int(getattr(ex, "leaked_threads", 0)) for ex in self.executors())
 
     def slot_freed(self) -> None:
-        self.dispatcher.wake.set()
+        # only a dispatcher waiting for a slot has a reason to claim again; one that found the queue empty
+        # waits for a NOTIFY or its poll (waking it here would cost an empty claim per finished job)
+        if self.dispatcher.full or self.draining:
+            self.dispatcher.wake.set()
 
     def on_abandoned(self, entry: ActiveJob) -> None:
         """After an abandonment verdict: a thread that never left keeps its slot; too many of them and
