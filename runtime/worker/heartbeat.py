@@ -14,14 +14,12 @@ from uuid import UUID
 from psycopg import AsyncConnection
 
 from taskq.metrics import HEARTBEAT_FAILURES, HEARTBEAT_TICK, JOBS_IN_FLIGHT
-from taskq.worker.store import HeartbeatRead, HeldRow
+from taskq.worker.store import HeldRow
 
 if TYPE_CHECKING:
     from taskq.worker.main import Worker
 
 log = logging.getLogger("taskq.heartbeat")
-
-_GONE = HeldRow(claim_epoch=-1, cancel_phase=0)
 
 STUCK_TICK_SLACK = 0.05
 """Seconds past its deadline a tick may take to unwind before the self-fence stops waiting for it."""
@@ -120,11 +118,8 @@ class Heartbeat:
             async with asyncio.timeout_at(deadline):
                 async with self.w.backend.pool.connection() as conn, conn.transaction():
                     read = await self.w.store.heartbeat(conn, self.w.settings.lock_timeout)
-                    if not read.worker_row:
-                        lost = await self._reconcile(conn, read)
-                    else:
-                        lost = read.lost
-                    await self.w.controller.run_in_tx(conn, read.cancels)
+                    lost, cancels = (read.lost, read.cancels) if read.worker_row else await self._reconcile(conn)
+                    await self.w.controller.run_in_tx(conn, cancels)
             await self.w.controller.run_post_tx()
         except Exception as exc:
             if asyncio.current_task() not in self._stuck_ticks:  # an abandoned tick was counted already
@@ -153,14 +148,17 @@ class Heartbeat:
                             entry.id, entry.attempt)
                 entry.drop_lease()
 
-    async def _reconcile(self, conn: AsyncConnection[Any], read: HeartbeatRead) -> list[tuple[UUID, int]]:
+    async def _reconcile(
+        self, conn: AsyncConnection[Any]
+    ) -> tuple[list[tuple[UUID, int]], dict[UUID, HeldRow]]:
         """Our workers row is gone (a sweeper took this worker for dead and cleaned it, its lease losses
-        with it): register again with a new lease, then check every held row. Returns the lost ones."""
+        with it): register again with a new lease, then check every held row. Returns the lost ones and
+        the cancel flags of the others."""
         log.warning("this worker's row was removed (considered dead by a sweeper); registering again and "
                     "checking every held job")
         s = self.w.settings
         await self.w.store.register(s.queues, s.concurrency, s.lock_timeout, conn)
         held = self.w.registry.held()
-        still = await self.w.store.reconcile(conn, held, s.lock_timeout)
-        read.cancels = {job_id: row for job_id, row in still.items() if row.cancel_phase > 0}
-        return [(job_id, epoch) for job_id, epoch in held if still.get(job_id, _GONE).claim_epoch != epoch]
+        still = await self.w.store.reconcile(conn, held, s.lock_timeout)  # fenced on the epoch we hold
+        cancels = {job_id: row for job_id, row in still.items() if row.cancel_phase > 0}
+        return [(job_id, epoch) for job_id, epoch in held if job_id not in still], cancels
