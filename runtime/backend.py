@@ -34,7 +34,10 @@ from taskq.models import (
     JobStatus,
 )
 
-__all__ = ["Backend", "InsertedJob", "JobBatch", "JobInsert", "JobRow", "connect_error", "uuid7", "uuid7_many"]
+__all__ = [
+    "Backend", "InsertedJob", "JobBatch", "JobInsert", "JobRow", "RequeueParams", "RequeueRow", "connect_error",
+    "uuid7", "uuid7_many",
+]
 
 JOBS_CHANNEL = "taskq_jobs"
 # a unique enqueue whose holder ended between the insert and the lookup tries again; each round needs
@@ -160,6 +163,34 @@ class JobBatch:
 
     def params(self) -> dict[str, Any]:
         return self.options.params() | {"ids": self.ids, "payloads": self.payloads_json}
+
+
+@dataclass(frozen=True, slots=True)
+class RequeueParams:
+    """An operator's requeue: the reason for the timeline, and the new budget. `attempts` None means the
+    actor's max_attempts when it is one of `actor_max_attempts` (the caller's registry), else the job's own."""
+
+    reason: str | None
+    attempts: int | None
+    actor_max_attempts: dict[str, int]
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "reason": self.reason,
+            "attempts": self.attempts,
+            "actor_names": list(self.actor_max_attempts),
+            "actor_max_attempts": list(self.actor_max_attempts.values()),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RequeueRow:
+    """What a requeue statement did to one job."""
+
+    job_id: UUID
+    previous_status: JobStatus
+    requeued: bool
+    conflict_job_id: UUID | None
 
 
 def filter_params(flt: JobFilter) -> dict[str, Any]:
@@ -525,3 +556,43 @@ class Backend:
                     status = JobStatus(prev)
                     counts[status] = counts.get(status, 0) + 1
         return BulkCancelResult(by_previous_status=counts, job_ids=tuple(ids), batches=batches)
+
+    # -- requeue ---------------------------------------------------------------------------------
+
+    @_reports_outage
+    async def job_requeue(self, job_id: UUID, params: RequeueParams) -> RequeueRow | None:
+        """Requeue one failed, crashed or abandoned job (one fenced statement, its event included); None
+        if no such job. A unique violation means a holder committed after the statement's snapshot: the
+        statement changed nothing and runs again, and then names that holder."""
+        values = params.params() | {"id": job_id}
+        async with self.pool.connection() as conn:
+            for _ in range(UNIQUE_INSERT_TRIES):
+                try:
+                    cur = await conn.execute(sql.query("job_requeue"), values)
+                except errors.UniqueViolation:
+                    continue
+                row = await cur.fetchone()
+                if row is None:
+                    return None
+                prev, requeued, conflict, _ = row
+                return RequeueRow(job_id, JobStatus(prev), bool(requeued), conflict)
+        raise UniqueKeyContention(f"job {job_id}: its unique key kept being taken during the requeue; try again")
+
+    @_reports_outage
+    async def job_requeue_where_batch(
+        self, flt: JobFilter, params: RequeueParams, *, after: UUID | None, limit: int
+    ) -> list[RequeueRow]:
+        """One committed batch of a bulk requeue: the matching failure-status jobs with ids above `after`,
+        at most `limit`, in id order (the caller goes on from the last id returned)."""
+        values = filter_params(flt) | params.params() | {"after": after, "limit": limit}
+        async with self.pool.connection() as conn:
+            for _ in range(UNIQUE_INSERT_TRIES):
+                try:
+                    cur = await conn.execute(sql.query("job_requeue_where_batch"), values)
+                except errors.UniqueViolation:
+                    continue
+                return [
+                    RequeueRow(job_id, JobStatus(prev), bool(requeued), conflict)
+                    for job_id, prev, requeued, conflict, _ in await cur.fetchall()
+                ]
+        raise UniqueKeyContention("a bulk requeue batch kept meeting unique keys taken meanwhile; try again")

@@ -11,7 +11,7 @@ from testkit import query, running_worker, wait_for
 
 from taskq import JobContext, JobsClient, JobStatus, RetryPolicy
 from taskq.actors.declaration import ActorRegistry, actor
-from taskq.client import derive_unique_key
+from taskq.unique import derive_unique_key
 
 pytestmark = pytest.mark.timeout(60)
 
