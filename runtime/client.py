@@ -431,8 +431,17 @@ class JobsClient:
         encoded = encode_payloads(actor, opts.actor, items, self.max_payload_bytes)
         keys = batch_unique_keys(unique_key, unique_scope, opts, encoded)
         ids = uuid7_many(len(encoded))
+        if keys is None:
+            order: list[int] | None = None
+            rows_ids, rows_json = ids, encoded
+        else:
+            # rows in key order: concurrent batches with overlapping keys then wait on each other's
+            # keys in one order, which cannot deadlock
+            given = keys
+            order = sorted(range(len(given)), key=lambda i: given[i] or "")
+            rows_ids, rows_json, keys = [ids[i] for i in order], [encoded[i] for i in order], [given[i] for i in order]
         batches = [
-            JobBatch(ids=ids[i : i + chunk_size], payloads_json=encoded[i : i + chunk_size], options=opts,
+            JobBatch(ids=rows_ids[i : i + chunk_size], payloads_json=rows_json[i : i + chunk_size], options=opts,
                      unique_keys=None if keys is None else keys[i : i + chunk_size],
                      unique_scope=None if keys is None else unique_scope)
             for i in range(0, len(encoded), chunk_size)
@@ -447,6 +456,8 @@ class JobsClient:
             async with self.backend.pool.connection() as conn, conn.transaction():
                 for start, batch in zip(range(0, len(encoded), chunk_size), batches, strict=True):
                     skipped |= _offset(start, await self.backend.job_insert_many(batch, conn=conn))
+        if order is not None and skipped:
+            skipped = {order[pos]: holder for pos, holder in skipped.items()}
         adapter = self._adapter(target)
         if not skipped:
             return [JobHandle(job_id, client=self, result_adapter=adapter) for job_id in ids]

@@ -78,7 +78,8 @@ WHERE unique_key = %(unique_key)s
   AND (unique_scope = 'retained' OR status IN ('pending', 'scheduled', 'running'));
 
 -- name: job_insert_many_unique
--- job_insert_many with one unique key (or NULL) per job; returns the ids it wrote.
+-- job_insert_many with one unique key (or NULL) per job; returns how many rows it wrote, and their ids
+-- only when it skipped some (decoding a hundred ids costs the client more than the insert saved).
 WITH ins AS (
     INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
                             scheduled_at, schedule_to_close, parent_id, unique_key, unique_scope)
@@ -94,7 +95,34 @@ WITH ins AS (
         DO NOTHING
     RETURNING id, status
 )
-SELECT array_agg(id) AS written,
+SELECT count(*) AS written,
+       CASE WHEN count(*) < cardinality(%(ids)b::uuid[]) THEN array_agg(id) END AS written_ids,
+       (CASE WHEN bool_or(status = 'pending') THEN pg_notify('taskq_jobs', %(queue)s::text) END) IS NULL AS _n
+FROM ins;
+
+-- name: job_insert_many_unique_prefiltered
+-- job_insert_many_unique without speculative insertion, for the pool's own autocommit connection: the
+-- rows whose key no visible job holds, as a plain INSERT (the caller has removed repeated keys). A key
+-- taken by a transaction that commits meanwhile raises a unique violation and writes nothing; the
+-- caller then runs job_insert_many_unique.
+WITH ins AS (
+    INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
+                            scheduled_at, schedule_to_close, parent_id, unique_key, unique_scope)
+    SELECT u.id, %(actor)s::text, %(queue)s::text, u.payload::jsonb,
+           CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
+           %(priority)s::int, %(tags)s::text[], %(max_attempts)s::int,
+           greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
+           now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s::uuid,
+           u.key, CASE WHEN u.key IS NOT NULL THEN %(unique_scope)s::text END
+    FROM unnest(%(ids)b::uuid[], %(payloads)b::text[], %(unique_keys)b::text[]) AS u(id, payload, key)
+    WHERE u.key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM taskq.jobs AS h
+        WHERE h.unique_key = u.key
+          AND (h.unique_scope = 'retained' OR h.status IN ('pending', 'scheduled', 'running')))
+    RETURNING id, status
+)
+SELECT count(*) AS written,
+       CASE WHEN count(*) < cardinality(%(ids)b::uuid[]) THEN array_agg(id) END AS written_ids,
        (CASE WHEN bool_or(status = 'pending') THEN pg_notify('taskq_jobs', %(queue)s::text) END) IS NULL AS _n
 FROM ins;
 

@@ -4,6 +4,10 @@ run as real subprocesses against a real PostgreSQL."""
 from __future__ import annotations
 
 import json
+import os
+import pty
+import subprocess
+import sys
 
 import pytest
 from test_cli import ok, run_cli, user_error
@@ -100,3 +104,39 @@ def test_requeue_errors_are_one_line_with_their_exit_codes(dsn: str) -> None:
         run_cli("requeue", "01a229fc-578a-725e-ba5e-940677b81b70", "--tag", "t", dsn=dsn), 2)
     assert "give a job ID" in user_error(run_cli("requeue", dsn=dsn), 2)
     assert "--attempts" in user_error(run_cli("requeue", "--tag", "t", "--attempts", "0", dsn=dsn), 2)
+
+
+def run_with_stderr_on_a_terminal(dsn: str, *args: str) -> tuple[int, bytes, bytes]:
+    """`taskq ARGS` with stdout piped and stderr on a pseudo-terminal: (exit code, stdout, terminal)."""
+    primary, secondary = pty.openpty()
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TASKQ_")} | {"TASKQ_DSN": dsn}
+        done = subprocess.run([sys.executable, "-m", "taskq.cli", *args], env=env, stdout=subprocess.PIPE,
+                              stderr=secondary, timeout=60, check=False)
+        os.close(secondary)
+        secondary = -1
+        drawn = b""
+        while True:
+            try:
+                chunk = os.read(primary, 4096)
+            except OSError:  # EIO: the other end is closed and everything was read
+                break
+            if not chunk:
+                break
+            drawn += chunk
+    finally:
+        os.close(primary)
+        if secondary >= 0:
+            os.close(secondary)
+    return done.returncode, done.stdout, drawn
+
+
+async def test_bulk_requeue_draws_a_progress_line_on_a_terminal_only(dsn: str) -> None:
+    await failed_jobs(dsn, 3, tags=("tty",))
+    code, stdout, drawn = run_with_stderr_on_a_terminal(dsn, "requeue", "--tag", "tty")
+    assert code == 0
+    assert b"requeue: 3 rows so far" in drawn and b"rows/s" in drawn
+    assert b"total" in stdout and b"rows so far" not in stdout
+    await failed_jobs(dsn, 1, tags=("tty-json",))
+    code, stdout, drawn = run_with_stderr_on_a_terminal(dsn, "requeue", "--tag", "tty-json", "--json")
+    assert code == 0 and drawn == b"" and json.loads(stdout)["by_previous_status"] == {"failed": 1}
