@@ -131,8 +131,8 @@ async def test_concurrent_batches_with_overlapping_keys_write_each_key_once(dsn:
 async def test_a_batch_that_meets_a_key_committed_meanwhile_returns_that_holder(
     dsn: str, client: JobsClient
 ) -> None:
-    """The batch's plain INSERT waits on a key another transaction holds uncommitted, then fails with a
-    unique violation when it commits: the batch goes the ON CONFLICT way and reports that holder."""
+    """The batch's INSERT waits on a key another transaction holds uncommitted; once that commits, the
+    batch writes its other rows and reports that transaction's job as the holder."""
     async with await psycopg.AsyncConnection.connect(dsn) as other:
         async with other.transaction():
             theirs = await client.enqueue("meanwhile", 0, unique_key="contested", connection=other)
