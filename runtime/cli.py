@@ -26,8 +26,9 @@ supplied is scrubbed from every message before it is printed.
 
 Adding a command (e.g. `worker APP`): write `def cmd_x(args: argparse.Namespace) -> int` and add one
 `Command(...)` entry to COMMANDS (or, as taskq.cli_lifecycle does, a module whose `commands()` COMMANDS
-unpacks, so that this file does not grow with every command). Handlers are synchronous on purpose: a command that forks (the
-supervisor) must do so before any event loop exists; the others call `asyncio.run` themselves.
+unpacks, so that this file does not grow with every command). Handlers are synchronous on purpose: a
+command that forks (the supervisor) must do so before any event loop exists; the others call
+`asyncio.run` themselves.
 """
 
 from __future__ import annotations
