@@ -239,17 +239,35 @@ async def check_schema(conn: AsyncConnection[Any]) -> int:
     return version
 
 
-def connect_options(dsn: str, settings: dict[str, str]) -> dict[str, str]:
-    """libpq `options` setting `settings` at connect time, kept after any options the DSN has."""
-    if not settings:
-        return {}
-    given = conninfo_to_dict(dsn).get("options")
-    extra = " ".join(f"-c {name}={_escape_option(value)}" for name, value in settings.items())
-    return {"options": f"{given} {extra}" if given else extra}
+WORKER_APPLICATION_NAME = "taskq-worker "
+"""A worker's connections carry `application_name` = this prefix + its id: the lease-loss triggers read it
+to tell the worker's own writes from anyone else's. Transaction poolers (PgBouncer) carry application_name
+to whichever server connection runs the transaction, where they refuse a startup `options` setting."""
+
+
+def connection_kwargs(dsn: str, *, worker_id: str | None, transaction_pooler: bool) -> dict[str, Any]:
+    """psycopg connect arguments beyond the DSN: the worker's identity, and no prepared statements
+    through a transaction pooler (the next transaction may run on a server connection that lacks them)."""
+    kwargs: dict[str, Any] = {"autocommit": True}
+    if transaction_pooler:
+        kwargs["prepare_threshold"] = None
+    if worker_id is not None:
+        kwargs["application_name"] = WORKER_APPLICATION_NAME + worker_id
+        if not transaction_pooler:
+            # exact even for an id longer than application_name's 63 bytes; PgBouncer refuses it
+            given = conninfo_to_dict(dsn).get("options")
+            extra = f"-c taskq.worker_id={_escape_option(worker_id)}"
+            kwargs["options"] = f"{given} {extra}" if given else extra
+    return kwargs
 
 
 def _escape_option(value: str) -> str:
     return value.replace("\\", "\\\\").replace(" ", "\\ ")
+
+
+def transaction_pooler_from_env() -> bool:
+    """`TASKQ_TRANSACTION_POOLER` as the settings read it (1/true/yes/on), for clients without settings."""
+    return os.environ.get("TASKQ_TRANSACTION_POOLER", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 class Backend:
@@ -262,7 +280,7 @@ class Backend:
     @classmethod
     async def open(
         cls, dsn: str, *, min_size: int = 1, max_size: int = 10, check: bool = True, timeout: float = 10.0,
-        reconnect_timeout: float = 300.0, session_settings: dict[str, str] | None = None,
+        reconnect_timeout: float = 300.0, worker_id: str | None = None, transaction_pooler: bool = False,
     ) -> Self:
         """Connect once to report a clear error (and check the schema), then open the pool.
 
@@ -271,7 +289,8 @@ class Backend:
         value keeps a long outage from growing the delays so much that the pool stays empty for as long
         again after the server is back.
 
-        `session_settings` are set on every pooled connection at connect time (no extra round trip)."""
+        `worker_id` names a worker's connections (see WORKER_APPLICATION_NAME), at connect time, with no
+        extra round trip. `transaction_pooler`: `dsn` goes through PgBouncer in transaction mode, or the like."""
         try:
             probe = await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=int(max(1, timeout)))
         except psycopg.OperationalError as exc:
@@ -285,7 +304,7 @@ class Backend:
             dsn,
             min_size=min_size,
             max_size=max_size,
-            kwargs={"autocommit": True, **connect_options(dsn, session_settings or {})},
+            kwargs=connection_kwargs(dsn, worker_id=worker_id, transaction_pooler=transaction_pooler),
             open=False,
             name="taskq",
             timeout=timeout,
