@@ -11,12 +11,14 @@ from taskq.context import JobContext
 from taskq.exceptions import JobFailed, NonRetryableError, TaskqError
 from taskq.models import (
     BulkCancelResult,
+    BulkRequeueResult,
     CancelOrigin,
     CancelPhase,
     CancelResult,
     JobFilter,
     JobRow,
     JobStatus,
+    RequeueResult,
 )
 from taskq.settings import WorkerSettings
 
@@ -26,6 +28,7 @@ __all__ = [
     "Actor",
     "ActorRegistry",
     "BulkCancelResult",
+    "BulkRequeueResult",
     "CancelOrigin",
     "CancelPhase",
     "CancelResult",
@@ -37,6 +40,7 @@ __all__ = [
     "JobStatus",
     "JobsClient",
     "NonRetryableError",
+    "RequeueResult",
     "RetryPolicy",
     "TaskqError",
     "WorkerSettings",

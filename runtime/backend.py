@@ -24,7 +24,7 @@ from pydantic_core import from_json
 
 from taskq import sql
 from taskq.dsn import redact_dsn
-from taskq.exceptions import DatabaseUnavailable, SchemaNotReady, SchemaTooNew
+from taskq.exceptions import DatabaseUnavailable, SchemaNotReady, SchemaTooNew, UniqueKeyContention
 from taskq.models import (
     BulkCancelResult,
     JobAttempt,
@@ -34,9 +34,15 @@ from taskq.models import (
     JobStatus,
 )
 
-__all__ = ["Backend", "InsertedJob", "JobBatch", "JobInsert", "JobRow", "connect_error", "uuid7", "uuid7_many"]
+__all__ = [
+    "Backend", "InsertedJob", "JobBatch", "JobInsert", "JobRow", "RequeueParams", "RequeueRow", "connect_error",
+    "uuid7", "uuid7_many",
+]
 
 JOBS_CHANNEL = "taskq_jobs"
+# a unique enqueue whose holder ended between the insert and the lookup tries again; each round needs
+# a holder to finish within one round trip, so a few tries are plenty
+UNIQUE_INSERT_TRIES = 5
 CANCEL_CHANNEL = "taskq_cancel"
 
 
@@ -131,11 +137,14 @@ class JobOptions:
 
 @dataclass(frozen=True, slots=True)
 class JobInsert:
-    """One job to write: the payload is already validated and encoded as JSON text."""
+    """One job to write: the payload is already validated and encoded as JSON text. With `unique_key`,
+    the write is skipped when another job holds the key (`unique_scope`: 'active' or 'retained')."""
 
     id: UUID
     payload_json: str
     options: JobOptions
+    unique_key: str | None = None
+    unique_scope: str | None = None
 
     def params(self) -> dict[str, Any]:
         return self.options.params() | {"id": self.id, "payload": self.payload_json}
@@ -143,14 +152,45 @@ class JobInsert:
 
 @dataclass(frozen=True, slots=True)
 class JobBatch:
-    """Jobs that share every option and differ only in id and payload (one `enqueue_many` call)."""
+    """Jobs that share every option and differ only in id and payload (one `enqueue_many` call).
+    `unique_keys`, when given, has one key (or None) per job, all of scope `unique_scope`."""
 
     ids: list[UUID]
     payloads_json: list[str]
     options: JobOptions
+    unique_keys: list[str | None] | None = None
+    unique_scope: str | None = None
 
     def params(self) -> dict[str, Any]:
         return self.options.params() | {"ids": self.ids, "payloads": self.payloads_json}
+
+
+@dataclass(frozen=True, slots=True)
+class RequeueParams:
+    """An operator's requeue: the reason for the timeline, and the new budget. `attempts` None means the
+    actor's max_attempts when it is one of `actor_max_attempts` (the caller's registry), else the job's own."""
+
+    reason: str | None
+    attempts: int | None
+    actor_max_attempts: dict[str, int]
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "reason": self.reason,
+            "attempts": self.attempts,
+            "actor_names": list(self.actor_max_attempts),
+            "actor_max_attempts": list(self.actor_max_attempts.values()),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RequeueRow:
+    """What a requeue statement did to one job."""
+
+    job_id: UUID
+    previous_status: JobStatus
+    requeued: bool
+    conflict_job_id: UUID | None
 
 
 def filter_params(flt: JobFilter) -> dict[str, Any]:
@@ -177,8 +217,20 @@ class InsertedJob:
     scheduled_at: datetime
     schedule_to_close: datetime | None
     created_at: datetime
+    holder: JobRow | None = None
+    """For a unique enqueue that wrote nothing: the job that holds the key."""
+
+    @property
+    def created(self) -> bool:
+        return self.holder is None
+
+    @property
+    def job_id(self) -> UUID:
+        return self.job.id if self.holder is None else self.holder.id
 
     def row(self) -> JobRow:
+        if self.holder is not None:
+            return self.holder
         job = self.job
         opts = job.options
         return JobRow.model_validate(  # faster than model_construct, and checked
@@ -209,6 +261,9 @@ class InsertedJob:
                 error_message=None,
                 progress=None,
                 parent_id=opts.parent_id,
+                unique_key=job.unique_key,
+                unique_scope=job.unique_scope,
+                requeue_count=0,
             )
         )
 
@@ -326,6 +381,10 @@ class Backend:
     @_reports_outage
     async def job_insert_deferred(self, job: JobInsert, *, conn: AsyncConnection[Any] | None = None) -> InsertedJob:
         """`job_insert`, leaving the JobRow to be built by the caller if it wants it."""
+        if job.unique_key is not None:
+            from taskq import backend_unique  # it builds on this module
+
+            return await backend_unique.insert_unique(self.pool, job, conn)
         if conn is not None:
             # the caller's connection may have a row factory of its own
             async with conn.cursor(row_factory=tuple_row) as cur:
@@ -345,10 +404,17 @@ class Backend:
         return InsertedJob(job, status, scheduled_at, schedule_to_close, created_at)
 
     @_reports_outage
-    async def job_insert_many(self, batch: JobBatch, *, conn: AsyncConnection[Any] | None = None) -> None:
-        """Insert a batch with one statement (and one NOTIFY if it is due)."""
+    async def job_insert_many(
+        self, batch: JobBatch, *, conn: AsyncConnection[Any] | None = None
+    ) -> dict[int, UUID] | None:
+        """Insert a batch with one statement (and one NOTIFY if it is due). With unique keys, returns
+        {index in the batch: holder id} for the jobs it did not write (None without keys)."""
         if not batch.ids:
-            return
+            return None
+        if batch.unique_keys is not None:
+            from taskq import backend_unique
+
+            return await backend_unique.insert_many_unique(self.pool, batch, conn)
         if conn is not None:
             await conn.execute(sql.query("job_insert_many"), batch.params())
         else:
@@ -357,6 +423,7 @@ class Backend:
                 await pconn.execute(sql.query("job_insert_many"), batch.params())
             finally:
                 await self.pool.putconn(pconn)
+        return None
 
     # -- reads -----------------------------------------------------------------------------------
 
@@ -430,3 +497,43 @@ class Backend:
                     status = JobStatus(prev)
                     counts[status] = counts.get(status, 0) + 1
         return BulkCancelResult(by_previous_status=counts, job_ids=tuple(ids), batches=batches)
+
+    # -- requeue ---------------------------------------------------------------------------------
+
+    @_reports_outage
+    async def job_requeue(self, job_id: UUID, params: RequeueParams) -> RequeueRow | None:
+        """Requeue one failed, crashed or abandoned job (one fenced statement, its event included); None
+        if no such job. A unique violation means a holder committed after the statement's snapshot: the
+        statement changed nothing and runs again, and then names that holder."""
+        values = params.params() | {"id": job_id}
+        async with self.pool.connection() as conn:
+            for _ in range(UNIQUE_INSERT_TRIES):
+                try:
+                    cur = await conn.execute(sql.query("job_requeue"), values)
+                except errors.UniqueViolation:
+                    continue
+                row = await cur.fetchone()
+                if row is None:
+                    return None
+                prev, requeued, conflict, _ = row
+                return RequeueRow(job_id, JobStatus(prev), bool(requeued), conflict)
+        raise UniqueKeyContention(f"job {job_id}: its unique key kept being taken during the requeue; try again")
+
+    @_reports_outage
+    async def job_requeue_where_batch(
+        self, flt: JobFilter, params: RequeueParams, *, after: UUID | None, limit: int
+    ) -> list[RequeueRow]:
+        """One committed batch of a bulk requeue: the matching failure-status jobs with ids above `after`,
+        at most `limit`, in id order (the caller goes on from the last id returned)."""
+        values = filter_params(flt) | params.params() | {"after": after, "limit": limit}
+        async with self.pool.connection() as conn:
+            for _ in range(UNIQUE_INSERT_TRIES):
+                try:
+                    cur = await conn.execute(sql.query("job_requeue_where_batch"), values)
+                except errors.UniqueViolation:
+                    continue
+                return [
+                    RequeueRow(job_id, JobStatus(prev), bool(requeued), conflict)
+                    for job_id, prev, requeued, conflict, _ in await cur.fetchall()
+                ]
+        raise UniqueKeyContention("a bulk requeue batch kept meeting unique keys taken meanwhile; try again")

@@ -1,4 +1,4 @@
-"""The `taskq` command line: migrate the schema, enqueue, list, inspect and cancel jobs.
+"""The `taskq` command line: migrate the schema, enqueue, list, inspect, cancel and requeue jobs.
 
     taskq [--dsn DSN] COMMAND [OPTIONS]
 
@@ -25,8 +25,10 @@ TASKQ_DEBUG=1), never a password: DSNs are shown through `redact_dsn`, and any p
 supplied is scrubbed from every message before it is printed.
 
 Adding a command (e.g. `worker APP`): write `def cmd_x(args: argparse.Namespace) -> int` and add one
-`Command(...)` entry to COMMANDS. Handlers are synchronous on purpose: a command that forks (the
-supervisor) must do so before any event loop exists; the others call `asyncio.run` themselves.
+`Command(...)` entry to COMMANDS (or, as taskq.cli_lifecycle does, a module whose `commands()` COMMANDS
+unpacks, so that this file does not grow with every command). Handlers are synchronous on purpose: a
+command that forks (the supervisor) must do so before any event loop exists; the others call
+`asyncio.run` themselves.
 """
 
 from __future__ import annotations
@@ -48,10 +50,11 @@ import psycopg
 from psycopg_pool import PoolTimeout
 from pydantic import ValidationError
 
-from taskq import cli_output, sql
+from taskq import cli_lifecycle, cli_output, sql
 from taskq.actors.declaration import default_registry
+from taskq.checks import check_reason
 from taskq.cli_args import int_arg, job_id_arg, seconds_arg, when_arg
-from taskq.client import DEFAULT_MAX_PAYLOAD_BYTES, JobHandle, JobsClient, check_reason, prepare_insert
+from taskq.client import DEFAULT_MAX_PAYLOAD_BYTES, JobHandle, JobsClient, prepare_insert
 from taskq.dsn import redact_dsn, resolve_dsn, scrub
 from taskq.embedded import INSTALL_HINT, data_dir
 from taskq.exceptions import (
@@ -65,7 +68,7 @@ from taskq.exceptions import (
     TaskqError,
 )
 from taskq.migrations import migrate_dsn
-from taskq.models import JobFilter, JobStatus
+from taskq.models import UNIQUE_SCOPES, JobFilter, JobStatus
 
 PROG = "taskq"
 ERROR_PREFIX = f"{PROG}: error: "
@@ -257,6 +260,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         "scheduled_at": args.at,
         "max_attempts": args.max_attempts,
         "schedule_to_close": args.schedule_to_close,
+        "unique_key": args.unique_key,
+        "unique_scope": args.unique_scope,
     }
     # every check enqueue makes, before touching the database: a bad value is a usage error even offline
     prepare_insert(
@@ -266,7 +271,13 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     async def body(client: JobsClient) -> int:
         handle = await client.enqueue(args.actor, payload, **options)
         assert handle.row is not None
-        emit(cli_output.to_json(handle.row) if args.json else str(handle.job_id))
+        if args.json:
+            emit(cli_output.to_json({**handle.row.model_dump(mode="json"), "created": handle.created}))
+        else:
+            emit(str(handle.job_id))
+            if not handle.created:
+                print(f"{PROG}: note: unique key held by this existing job ({handle.row.status.value}); "
+                      "nothing written", file=sys.stderr, flush=True)
         return ExitCode.OK
 
     return with_client(args, body)
@@ -407,6 +418,11 @@ COMMANDS: tuple[Command, ...] = (
                 help="attempts before the job fails (default 3)"),
             arg("--schedule-to-close", type=seconds_arg, metavar="SECONDS",
                 help="the job must finish within SECONDS of now, retries included"),
+            arg("--unique-key", metavar="KEY",
+                help="write nothing if another job holds KEY; print that job's id instead (note on stderr)"),
+            arg("--unique-scope", choices=list(UNIQUE_SCOPES), default="active",
+                help="how long a job holds its key: 'active' (default) while pending, scheduled or running; "
+                "'retained' for as long as its row is kept"),
             JSON_ARG,
         ),
     ),
@@ -422,6 +438,7 @@ COMMANDS: tuple[Command, ...] = (
         "get a cancel request their worker acts on. Give an ID, or filters (not both): filters cancel "
         "every matching unfinished job.",
     ),
+    *cli_lifecycle.commands(),
     Command(
         "jobs", cmd_jobs, "list jobs, newest first",
         (
@@ -567,4 +584,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run the imported taskq.cli, not this __main__ copy: command modules (cli_lifecycle) raise the
+    # error classes of taskq.cli, which a second copy of this module would not recognise
+    from taskq.cli import main as imported_main
+
+    sys.exit(imported_main())

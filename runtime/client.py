@@ -17,20 +17,24 @@ from pydantic import ConfigDict, TypeAdapter
 from pydantic_core import SchemaValidator, core_schema, from_json
 from typing_extensions import TypeVar
 
+from taskq import operations
 from taskq.actors.declaration import Actor, ActorRegistry, default_registry
 from taskq.backend import Backend, JobBatch, JobInsert, JobOptions, transaction_pooler_from_env, uuid7, uuid7_many
+from taskq.checks import as_job_id, check_text
 from taskq.dsn import resolve_dsn
 from taskq.exceptions import ConfigurationError, JobFailed, PayloadInvalid, PayloadTooLarge
-from taskq.metrics import CANCELLATION_REQUESTED
 from taskq.models import (
     FAILURE_STATUSES,
     BulkCancelResult,
+    BulkRequeueResult,
     CancelResult,
     JobAttempt,
     JobEvent,
     JobFilter,
     JobRow,
+    RequeueResult,
 )
+from taskq.unique import batch_unique_keys, unique_of
 
 # The result type of a handle; Any when it cannot be known (a job enqueued by name). Without the
 # default, mypy --strict rejects `handle = await client.enqueue("name", ...)` (cannot infer R).
@@ -42,15 +46,6 @@ _ANY: TypeAdapter[Any] = TypeAdapter(Any, config=ConfigDict(ser_json_inf_nan="co
 # `\u0000` in JSON text is a NUL only when the backslash before it is not itself escaped (`\\u0000`
 # is the text "\u0000"): an odd number of backslashes in a row.
 _JSON_NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
-
-
-def as_job_id(job_id: UUID | str) -> UUID:
-    if isinstance(job_id, UUID):
-        return job_id
-    try:
-        return UUID(str(job_id))
-    except ValueError:
-        raise ValueError(f"not a job id (expected a UUID): {job_id!r}") from None
 
 
 def _seconds(name: str, value: float | timedelta | None) -> float | None:
@@ -72,35 +67,6 @@ def _when(value: datetime | timedelta | None) -> datetime | None:
     if value.tzinfo is None:
         raise ConfigurationError("scheduled_at must be timezone-aware (e.g. datetime.now(UTC))")
     return value
-
-
-def _is_utf8(text: str) -> bool:
-    """False for text holding a lone surrogate (e.g. from `surrogateescape`), which no UTF-8 database stores."""
-    if text.isascii():
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _check_text(name: str, value: str, *, max_len: int = 255) -> str:
-    if not isinstance(value, str) or not value or len(value) > max_len or "\x00" in value or not _is_utf8(value):
-        raise ConfigurationError(
-            f"{name} must be 1-{max_len} characters of valid Unicode without NUL, got {value!r}"
-        )
-    return value
-
-
-def check_reason(reason: str | None) -> str | None:
-    if reason is None:
-        return None
-    if not isinstance(reason, str) or len(reason) > 10_000 or "\x00" in reason or not _is_utf8(reason):
-        raise ConfigurationError(
-            "reason must be text of at most 10,000 characters of valid Unicode without NUL"
-        )
-    return reason
 
 
 def encode_payload(actor: Actor[Any, Any] | None, name: str, payload: Any, max_bytes: int) -> str:
@@ -197,13 +163,13 @@ def _check_options(
         actor: Actor[Any, Any] | None = target
         name = target.name
     elif isinstance(target, str):
-        name = _check_text("actor name", target)
+        name = check_text("actor name", target)
         actor = registry.get(name)
     else:
         raise ConfigurationError(f"enqueue needs an actor or an actor name, got {target!r}")
     if isinstance(tags, str):
         raise ConfigurationError("tags must be a sequence of strings, not one string")
-    tag_tuple = tuple(_check_text("tag", t) for t in tags)
+    tag_tuple = tuple(check_text("tag", t) for t in tags)
     attempts = max_attempts if max_attempts is not None else (actor.max_attempts if actor else 3)
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
         raise ConfigurationError(f"max_attempts must be an int >= 1, got {attempts!r}")
@@ -213,7 +179,7 @@ def _check_options(
     deadline = schedule_to_close if schedule_to_close is not None else (actor.schedule_to_close if actor else None)
     return actor, JobOptions(
         actor=name,
-        queue=_check_text("queue", queue if queue is not None else (actor.queue if actor else "default")),
+        queue=check_text("queue", queue if queue is not None else (actor.queue if actor else "default")),
         priority=prio,
         tags=tag_tuple,
         max_attempts=attempts,
@@ -235,22 +201,33 @@ def prepare_insert(
     max_attempts: int | None = None,
     schedule_to_close: float | timedelta | None = None,
     parent_id: UUID | None = None,
+    unique_key: str | bool | None = None,
+    unique_scope: str = "active",
 ) -> JobInsert:
-    """Everything enqueue checks before any write: the payload, names, tags, times and limits."""
+    """Everything enqueue checks before any write: the payload, names, tags, times, limits and key."""
     actor, opts = _check_options(
         target, registry, queue=queue, priority=priority, tags=tags, scheduled_at=scheduled_at,
         max_attempts=max_attempts, schedule_to_close=schedule_to_close,
     )
     if parent_id is not None:
         opts = replace(opts, parent_id=parent_id)
-    return JobInsert(
-        id=uuid7(), payload_json=encode_payload(actor, opts.actor, payload, max_payload_bytes), options=opts
-    )
+    payload_json = encode_payload(actor, opts.actor, payload, max_payload_bytes)
+    if unique_key is None and unique_scope == "active":
+        return JobInsert(id=uuid7(), payload_json=payload_json, options=opts)
+    key, scope = unique_of(unique_key, unique_scope, opts.actor, opts.queue, payload_json)
+    return JobInsert(id=uuid7(), payload_json=payload_json, options=opts, unique_key=key, unique_scope=scope)
+
+
+def _offset(start: int, skipped: dict[int, UUID] | None) -> dict[int, UUID]:
+    return {start + i: holder for i, holder in (skipped or {}).items()}
 
 
 class JobHandle(Generic[R]):
     """A job by id. `row` is the row as last read (None until read). Handles made inside an actor
-    (`ctx.jobs.enqueue`) have no client: cancel() and wait() raise RuntimeError there."""
+    (`ctx.jobs.enqueue`) have no client: cancel() and wait() raise RuntimeError there.
+
+    `created` is True when the call that returned the handle wrote the job, False when a unique
+    enqueue found its key held and returned the holder instead (and for `JobsClient.get`)."""
 
     def __init__(
         self,
@@ -260,8 +237,10 @@ class JobHandle(Generic[R]):
         row: JobRow | None = None,
         result_adapter: TypeAdapter[R] | None = None,
         row_loader: Callable[[], JobRow] | None = None,
+        created: bool = True,
     ) -> None:
         self.job_id = job_id
+        self.created = created
         self._row = row
         # enqueue knows the whole row it wrote, but building the model costs as much Python as the
         # insert itself, and most producers never look at it: build it on first access
@@ -283,7 +262,7 @@ class JobHandle(Generic[R]):
 
     def __repr__(self) -> str:
         status = self.row.status if self.row else "?"
-        return f"JobHandle({self.job_id}, {status})"
+        return f"JobHandle({self.job_id}, {status}{'' if self.created else ', created=False'})"
 
     def _require_client(self) -> JobsClient:
         if self._client is None:
@@ -403,14 +382,25 @@ class JobsClient:
         max_attempts: int | None = None,
         schedule_to_close: float | timedelta | None = None,
         connection: AsyncConnection[Any] | None = None,
+        unique_key: str | bool | None = None,
+        unique_scope: str = "active",
     ) -> JobHandle[R]:
         """Validate then write one job. With `connection`, the insert joins that connection's open
-        transaction (commit or roll back with your own data); otherwise it commits at once."""
+        transaction (commit or roll back with your own data); otherwise it commits at once.
+
+        `unique_key` (a string, or True to derive it from the actor, queue and payload): when another job
+        holds the key, nothing is written and the handle is that job's, with `created` False. Scope
+        'active' (default) holds the key while the job is pending, scheduled or running; 'retained'
+        for as long as its row is kept, whatever its status."""
         job = self._prepare(
             target, payload, queue=queue, priority=priority, tags=tags, scheduled_at=scheduled_at,
-            max_attempts=max_attempts, schedule_to_close=schedule_to_close,
+            max_attempts=max_attempts, schedule_to_close=schedule_to_close, unique_key=unique_key,
+            unique_scope=unique_scope,
         )
         inserted = await self.backend.job_insert_deferred(job, conn=connection)
+        if inserted.holder is not None:
+            return JobHandle(inserted.holder.id, client=self, row=inserted.holder, created=False,
+                             result_adapter=self._adapter(inserted.holder.actor))
         return JobHandle(job.id, client=self, row_loader=inserted.row, result_adapter=self._adapter(target))
 
     async def enqueue_many(
@@ -426,9 +416,16 @@ class JobsClient:
         schedule_to_close: float | timedelta | None = None,
         connection: AsyncConnection[Any] | None = None,
         chunk_size: int = 5000,
+        unique_key: str | bool | Sequence[str | None] | None = None,
+        unique_scope: str = "active",
     ) -> list[JobHandle[R]]:
         """Validate every payload first, then write them all in one transaction (statements of at most
-        `chunk_size` rows). One invalid payload writes nothing."""
+        `chunk_size` rows). One invalid payload writes nothing.
+
+        `unique_key`: True derives each job's key from its payload; a sequence gives one key (or None)
+        per payload; a string is one key for all (so at most one job is written). Each handle reports
+        `created` for its own item; a skipped item's handle is the holder's (a job of this same call
+        when two items share a key: the first one wins)."""
         actor, opts = _check_options(
             target, self.registry, queue=queue, priority=priority, tags=tags, scheduled_at=scheduled_at,
             max_attempts=max_attempts, schedule_to_close=schedule_to_close,
@@ -437,22 +434,43 @@ class JobsClient:
             raise ConfigurationError(f"chunk_size must be a positive int, got {chunk_size!r}")
         items = payloads if isinstance(payloads, list) else list(payloads)
         encoded = encode_payloads(actor, opts.actor, items, self.max_payload_bytes)
+        keys = batch_unique_keys(unique_key, unique_scope, opts, encoded)
         ids = uuid7_many(len(encoded))
+        if keys is None:
+            order: list[int] | None = None
+            rows_ids, rows_json = ids, encoded
+        else:
+            # rows in key order: concurrent batches with overlapping keys then wait on each other's
+            # keys in one order, which cannot deadlock
+            given = keys
+            order = sorted(range(len(given)), key=lambda i: given[i] or "")
+            rows_ids, rows_json, keys = [ids[i] for i in order], [encoded[i] for i in order], [given[i] for i in order]
         batches = [
-            JobBatch(ids=ids[i : i + chunk_size], payloads_json=encoded[i : i + chunk_size], options=opts)
+            JobBatch(ids=rows_ids[i : i + chunk_size], payloads_json=rows_json[i : i + chunk_size], options=opts,
+                     unique_keys=None if keys is None else keys[i : i + chunk_size],
+                     unique_scope=None if keys is None else unique_scope)
             for i in range(0, len(encoded), chunk_size)
         ]
+        skipped: dict[int, UUID] = {}
         if connection is not None:
-            for batch in batches:
-                await self.backend.job_insert_many(batch, conn=connection)
+            for start, batch in zip(range(0, len(encoded), chunk_size), batches, strict=True):
+                skipped |= _offset(start, await self.backend.job_insert_many(batch, conn=connection))
         elif len(batches) == 1:
-            await self.backend.job_insert_many(batches[0])
+            skipped = await self.backend.job_insert_many(batches[0]) or {}
         elif batches:
             async with self.backend.pool.connection() as conn, conn.transaction():
-                for batch in batches:
-                    await self.backend.job_insert_many(batch, conn=conn)
+                for start, batch in zip(range(0, len(encoded), chunk_size), batches, strict=True):
+                    skipped |= _offset(start, await self.backend.job_insert_many(batch, conn=conn))
+        if order is not None and skipped:
+            skipped = {order[pos]: holder for pos, holder in skipped.items()}
         adapter = self._adapter(target)
-        return [JobHandle(job_id, client=self, result_adapter=adapter) for job_id in ids]
+        if not skipped:
+            return [JobHandle(job_id, client=self, result_adapter=adapter) for job_id in ids]
+        return [
+            JobHandle(skipped[i], client=self, result_adapter=adapter, created=False) if i in skipped
+            else JobHandle(job_id, client=self, result_adapter=adapter)
+            for i, job_id in enumerate(ids)
+        ]
 
     async def get(self, job_id: UUID | str, *, result_adapter: TypeAdapter[R] | None = None) -> JobHandle[R] | None:
         """The job's handle with `.row` freshly read, or None if no such job exists."""
@@ -460,7 +478,7 @@ class JobsClient:
         if row is None:
             return None
         adapter = result_adapter if result_adapter is not None else self._adapter(row.actor)
-        return JobHandle(row.id, client=self, row=row, result_adapter=adapter)
+        return JobHandle(row.id, client=self, row=row, result_adapter=adapter, created=False)
 
     async def list_jobs(self, flt: JobFilter | None = None, *, limit: int = 100) -> list[JobRow]:
         """Matching jobs, newest first."""
@@ -477,31 +495,38 @@ class JobsClient:
     async def cancel(self, job_id: UUID | str, reason: str | None = None) -> CancelResult:
         """Request cancellation (spec §2): pending/scheduled jobs end cancelled at once; a running job
         gets a cooperative request its worker acts on. KeyError if the job does not exist."""
-        CANCELLATION_REQUESTED.inc()
-        jid = as_job_id(job_id)
-        reason = check_reason(reason)
-        before = await self.backend.get(jid)
-        if before is None:
-            raise KeyError(jid)
-        changed = await self.backend.write_cancel_request(jid, reason)
-        after = await self.backend.get(jid)
-        assert after is not None  # jobs rows are never deleted while a client reads them
-        return CancelResult(
-            job_id=jid,
-            previous_status=before.status,
-            new_status=after.status,
-            cancellation_initiated=changed is not None,
-        )
+        return await operations.cancel_job(self.backend, job_id, reason)
 
     async def cancel_where(
         self, flt: JobFilter, reason: str | None = None, *, batch_size: int = 1000
     ) -> BulkCancelResult:
         """Cancel every matching unfinished job, in committed batches of `batch_size`. An empty filter
         is refused: say `JobFilter(unfinished=True)` to mean every job."""
-        if not isinstance(flt, JobFilter):
-            raise ConfigurationError(f"cancel_where needs a JobFilter, got {flt!r}")
-        if flt.is_empty:
-            raise ConfigurationError("refusing to cancel with an empty filter; use JobFilter(unfinished=True) for all")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 100_000:
-            raise ConfigurationError(f"batch_size must be between 1 and 100000, got {batch_size!r}")
-        return await self.backend.cancel_where(flt, check_reason(reason), batch_size=batch_size)
+        return await operations.cancel_jobs_where(self.backend, flt, reason, batch_size=batch_size)
+
+    async def requeue(
+        self, job_id: UUID | str, *, reason: str | None = None, attempts: int | None = None
+    ) -> RequeueResult:
+        """Put a failed, crashed or abandoned job back to pending with `attempts` more attempts (default:
+        its actor's max_attempts if registered here, else the job's own). attempt and claim_epoch are never
+        lowered. Other statuses: nothing changes, `requeued` False. A unique key held by another job:
+        nothing changes, `conflict_job_id` names it. KeyError if the job does not exist."""
+        return await operations.requeue_job(
+            self.backend, job_id, reason=reason, attempts=attempts, registry=self.registry
+        )
+
+    async def requeue_where(
+        self,
+        flt: JobFilter,
+        *,
+        reason: str | None = None,
+        attempts: int | None = None,
+        batch_size: int = 1000,
+        progress: operations.Progress | None = None,
+    ) -> BulkRequeueResult:
+        """`requeue` every matching failed, crashed or abandoned job, in committed batches; counts by
+        previous status, and the jobs left alone because their unique key is held (`conflicts`)."""
+        return await operations.requeue_jobs_where(
+            self.backend, flt, reason=reason, attempts=attempts, registry=self.registry,
+            batch_size=batch_size, progress=progress,
+        )

@@ -1,4 +1,4 @@
--- taskq schema, version 3: a worker's identity that survives a transaction pooler.
+-- taskq schema, version 4: a worker's identity that survives a transaction pooler.
 --
 -- Schema 2 had a worker name itself in the session setting taskq.worker_id, passed as a startup
 -- option; PgBouncer refuses startup options ("unsupported startup parameter: options"). A worker now
