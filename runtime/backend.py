@@ -147,7 +147,7 @@ class JobInsert:
     unique_scope: str | None = None
 
     def params(self) -> dict[str, Any]:
-        return self.options.params() | {"id": self.id, "payload": self.payload_json}
+        return self.options.params() | {"id": self.id, "payload": self.payload_json, "notify": True}
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +162,7 @@ class JobBatch:
     unique_scope: str | None = None
 
     def params(self) -> dict[str, Any]:
-        return self.options.params() | {"ids": self.ids, "payloads": self.payloads_json}
+        return self.options.params() | {"ids": self.ids, "payloads": self.payloads_json, "notify": True}
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,8 +329,11 @@ class Backend:
     """Job operations over an autocommit connection pool. Open with `Backend.open(dsn)`."""
 
     def __init__(self, pool: AsyncConnectionPool[AsyncConnection[Any]], dsn: str) -> None:
+        from taskq.backend_notify import EnqueueNotifier  # it builds on this module
+
         self.pool = pool
         self.dsn = dsn
+        self.notifier = EnqueueNotifier(pool)
 
     @classmethod
     async def open(
@@ -370,7 +373,10 @@ class Backend:
 
     async def close(self, *, timeout: float = 5.0) -> None:
         """Close the pool; `timeout` bounds the wait for its background tasks (reconnection attempts)."""
-        await self.pool.close(timeout=timeout)
+        try:
+            await self.notifier.flush(timeout)
+        finally:
+            await self.pool.close(timeout=timeout)
 
     # -- enqueue ---------------------------------------------------------------------------------
 
@@ -381,11 +387,12 @@ class Backend:
     @_reports_outage
     async def job_insert_deferred(self, job: JobInsert, *, conn: AsyncConnection[Any] | None = None) -> InsertedJob:
         """`job_insert`, leaving the JobRow to be built by the caller if it wants it."""
+        notify = conn is not None or self.notifier.inline(job.options.queue)
         if job.unique_key is not None:
             from taskq import backend_unique  # it builds on this module
 
-            return await backend_unique.insert_unique(self.pool, job, conn)
-        if conn is not None:
+            inserted = await backend_unique.insert_unique(self.pool, job, conn, notify=notify)
+        elif conn is not None:
             # the caller's connection may have a row factory of its own
             async with conn.cursor(row_factory=tuple_row) as cur:
                 await cur.execute(sql.query("job_insert"), job.params())
@@ -393,15 +400,21 @@ class Backend:
         else:
             # getconn/putconn rather than pool.connection(): its `async with conn` issues a no-op
             # commit whose Python overhead is a tenth of a single enqueue (the pool is autocommit)
+            params = job.params()
+            params["notify"] = notify
             pconn = await self.pool.getconn()
             try:
-                cur = await pconn.execute(sql.query("job_insert"), job.params())
+                cur = await pconn.execute(sql.query("job_insert"), params)
                 written = await cur.fetchone()
             finally:
                 await self.pool.putconn(pconn)
-        assert written is not None
-        status, scheduled_at, schedule_to_close, created_at, _ = written
-        return InsertedJob(job, status, scheduled_at, schedule_to_close, created_at)
+        if job.unique_key is None:
+            assert written is not None
+            status, scheduled_at, schedule_to_close, created_at, _ = written
+            inserted = InsertedJob(job, status, scheduled_at, schedule_to_close, created_at)
+        if not notify and inserted.status == "pending":
+            self.notifier.after_commit(job.options.queue)
+        return inserted
 
     @_reports_outage
     async def job_insert_many(
@@ -411,19 +424,25 @@ class Backend:
         {index in the batch: holder id} for the jobs it did not write (None without keys)."""
         if not batch.ids:
             return None
+        notify = conn is not None or self.notifier.inline(batch.options.queue)
+        skipped: dict[int, UUID] | None = None
         if batch.unique_keys is not None:
             from taskq import backend_unique
 
-            return await backend_unique.insert_many_unique(self.pool, batch, conn)
-        if conn is not None:
+            skipped = await backend_unique.insert_many_unique(self.pool, batch, conn, notify=notify)
+        elif conn is not None:
             await conn.execute(sql.query("job_insert_many"), batch.params())
         else:
+            params = batch.params()
+            params["notify"] = notify
             pconn = await self.pool.getconn()  # see job_insert
             try:
-                await pconn.execute(sql.query("job_insert_many"), batch.params())
+                await pconn.execute(sql.query("job_insert_many"), params)
             finally:
                 await self.pool.putconn(pconn)
-        return None
+        if not notify:  # a batch scheduled ahead gets a NOTIFY it did not need: harmless, and rare
+            self.notifier.after_commit(batch.options.queue)
+        return skipped
 
     # -- reads -----------------------------------------------------------------------------------
 
