@@ -147,7 +147,7 @@ class JobInsert:
     unique_scope: str | None = None
 
     def params(self) -> dict[str, Any]:
-        return self.options.params() | {"id": self.id, "payload": self.payload_json}
+        return self.options.params() | {"id": self.id, "payload": self.payload_json, "notify": True}
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +162,7 @@ class JobBatch:
     unique_scope: str | None = None
 
     def params(self) -> dict[str, Any]:
-        return self.options.params() | {"ids": self.ids, "payloads": self.payloads_json}
+        return self.options.params() | {"ids": self.ids, "payloads": self.payloads_json, "notify": True}
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,30 +294,51 @@ async def check_schema(conn: AsyncConnection[Any]) -> int:
     return version
 
 
-def connect_options(dsn: str, settings: dict[str, str]) -> dict[str, str]:
-    """libpq `options` setting `settings` at connect time, kept after any options the DSN has."""
-    if not settings:
-        return {}
-    given = conninfo_to_dict(dsn).get("options")
-    extra = " ".join(f"-c {name}={_escape_option(value)}" for name, value in settings.items())
-    return {"options": f"{given} {extra}" if given else extra}
+WORKER_APPLICATION_NAME = "taskq-worker "
+"""A worker's connections carry `application_name` = this prefix + its id: the lease-loss triggers read it
+to tell the worker's own writes from anyone else's. Transaction poolers (PgBouncer) carry application_name
+to whichever server connection runs the transaction, where they refuse a startup `options` setting."""
+
+
+def connection_kwargs(dsn: str, *, worker_id: str | None, transaction_pooler: bool) -> dict[str, Any]:
+    """psycopg connect arguments beyond the DSN: the worker's identity, and no prepared statements
+    through a transaction pooler (the next transaction may run on a server connection that lacks them)."""
+    kwargs: dict[str, Any] = {"autocommit": True}
+    if transaction_pooler:
+        kwargs["prepare_threshold"] = None
+    if worker_id is not None:
+        kwargs["application_name"] = WORKER_APPLICATION_NAME + worker_id
+        if not transaction_pooler:
+            # exact even for an id longer than application_name's 63 bytes; PgBouncer refuses it
+            given = conninfo_to_dict(dsn).get("options")
+            extra = f"-c taskq.worker_id={_escape_option(worker_id)}"
+            kwargs["options"] = f"{given} {extra}" if given else extra
+    return kwargs
 
 
 def _escape_option(value: str) -> str:
     return value.replace("\\", "\\\\").replace(" ", "\\ ")
 
 
+def transaction_pooler_from_env() -> bool:
+    """`TASKQ_TRANSACTION_POOLER` as the settings read it (1/true/yes/on), for clients without settings."""
+    return os.environ.get("TASKQ_TRANSACTION_POOLER", "").strip().lower() in ("1", "true", "yes", "on")
+
+
 class Backend:
     """Job operations over an autocommit connection pool. Open with `Backend.open(dsn)`."""
 
     def __init__(self, pool: AsyncConnectionPool[AsyncConnection[Any]], dsn: str) -> None:
+        from taskq.backend_notify import EnqueueNotifier  # it builds on this module
+
         self.pool = pool
         self.dsn = dsn
+        self.notifier = EnqueueNotifier(pool)
 
     @classmethod
     async def open(
         cls, dsn: str, *, min_size: int = 1, max_size: int = 10, check: bool = True, timeout: float = 10.0,
-        reconnect_timeout: float = 300.0, session_settings: dict[str, str] | None = None,
+        reconnect_timeout: float = 300.0, worker_id: str | None = None, transaction_pooler: bool = False,
     ) -> Self:
         """Connect once to report a clear error (and check the schema), then open the pool.
 
@@ -326,7 +347,8 @@ class Backend:
         value keeps a long outage from growing the delays so much that the pool stays empty for as long
         again after the server is back.
 
-        `session_settings` are set on every pooled connection at connect time (no extra round trip)."""
+        `worker_id` names a worker's connections (see WORKER_APPLICATION_NAME), at connect time, with no
+        extra round trip. `transaction_pooler`: `dsn` goes through PgBouncer in transaction mode, or the like."""
         try:
             probe = await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=int(max(1, timeout)))
         except psycopg.OperationalError as exc:
@@ -340,7 +362,7 @@ class Backend:
             dsn,
             min_size=min_size,
             max_size=max_size,
-            kwargs={"autocommit": True, **connect_options(dsn, session_settings or {})},
+            kwargs=connection_kwargs(dsn, worker_id=worker_id, transaction_pooler=transaction_pooler),
             open=False,
             name="taskq",
             timeout=timeout,
@@ -351,7 +373,10 @@ class Backend:
 
     async def close(self, *, timeout: float = 5.0) -> None:
         """Close the pool; `timeout` bounds the wait for its background tasks (reconnection attempts)."""
-        await self.pool.close(timeout=timeout)
+        try:
+            await self.notifier.flush(timeout)
+        finally:
+            await self.pool.close(timeout=timeout)
 
     # -- enqueue ---------------------------------------------------------------------------------
 
@@ -362,11 +387,12 @@ class Backend:
     @_reports_outage
     async def job_insert_deferred(self, job: JobInsert, *, conn: AsyncConnection[Any] | None = None) -> InsertedJob:
         """`job_insert`, leaving the JobRow to be built by the caller if it wants it."""
+        notify = conn is not None or self.notifier.inline(job.options.queue)
         if job.unique_key is not None:
             from taskq import backend_unique  # it builds on this module
 
-            return await backend_unique.insert_unique(self.pool, job, conn)
-        if conn is not None:
+            inserted = await backend_unique.insert_unique(self.pool, job, conn, notify=notify)
+        elif conn is not None:
             # the caller's connection may have a row factory of its own
             async with conn.cursor(row_factory=tuple_row) as cur:
                 await cur.execute(sql.query("job_insert"), job.params())
@@ -374,15 +400,21 @@ class Backend:
         else:
             # getconn/putconn rather than pool.connection(): its `async with conn` issues a no-op
             # commit whose Python overhead is a tenth of a single enqueue (the pool is autocommit)
+            params = job.params()
+            params["notify"] = notify
             pconn = await self.pool.getconn()
             try:
-                cur = await pconn.execute(sql.query("job_insert"), job.params())
+                cur = await pconn.execute(sql.query("job_insert"), params)
                 written = await cur.fetchone()
             finally:
                 await self.pool.putconn(pconn)
-        assert written is not None
-        status, scheduled_at, schedule_to_close, created_at, _ = written
-        return InsertedJob(job, status, scheduled_at, schedule_to_close, created_at)
+        if job.unique_key is None:
+            assert written is not None
+            status, scheduled_at, schedule_to_close, created_at, _ = written
+            inserted = InsertedJob(job, status, scheduled_at, schedule_to_close, created_at)
+        if not notify and inserted.status == "pending":
+            self.notifier.after_commit(job.options.queue)
+        return inserted
 
     @_reports_outage
     async def job_insert_many(
@@ -392,19 +424,25 @@ class Backend:
         {index in the batch: holder id} for the jobs it did not write (None without keys)."""
         if not batch.ids:
             return None
+        notify = conn is not None or self.notifier.inline(batch.options.queue)
+        skipped: dict[int, UUID] | None = None
         if batch.unique_keys is not None:
             from taskq import backend_unique
 
-            return await backend_unique.insert_many_unique(self.pool, batch, conn)
-        if conn is not None:
+            skipped = await backend_unique.insert_many_unique(self.pool, batch, conn, notify=notify)
+        elif conn is not None:
             await conn.execute(sql.query("job_insert_many"), batch.params())
         else:
+            params = batch.params()
+            params["notify"] = notify
             pconn = await self.pool.getconn()  # see job_insert
             try:
-                await pconn.execute(sql.query("job_insert_many"), batch.params())
+                await pconn.execute(sql.query("job_insert_many"), params)
             finally:
                 await self.pool.putconn(pconn)
-        return None
+        if not notify:  # a batch scheduled ahead gets a NOTIFY it did not need: harmless, and rare
+            self.notifier.after_commit(batch.options.queue)
+        return skipped
 
     # -- reads -----------------------------------------------------------------------------------
 

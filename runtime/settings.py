@@ -25,7 +25,13 @@ class WorkerSettings(BaseSettings):
     dsn: SecretStr | None = None
     """PostgreSQL DSN; None uses the embedded server."""
     listen_dsn: SecretStr | None = None
-    """DSN for the LISTEN connection when `dsn` goes through a transaction pooler; default: `dsn`."""
+    """DSN for the LISTEN connection when `dsn` goes through a transaction pooler; default: `dsn`
+    (with `transaction_pooler`, default: no LISTEN at all)."""
+    transaction_pooler: bool = False
+    """`dsn` goes through a transaction-pooling proxy (PgBouncer with pool_mode=transaction): no
+    startup options and no prepared statements on it, and no LISTEN on it either (a pooled LISTEN
+    would miss notifications): LISTEN uses `listen_dsn` when given; without it the worker polls every
+    `poll_interval` and cancel requests arrive with the heartbeat."""
     queues: Annotated[list[str], NoDecode] = ["default"]
     concurrency: Annotated[int, Field(ge=1, le=100_000)] = 10
     heartbeat_interval: Seconds = 10.0
@@ -87,6 +93,10 @@ class WorkerSettings(BaseSettings):
 
     def listen_dsn_value(self) -> str | None:
         return self.listen_dsn.get_secret_value() if self.listen_dsn is not None else self.dsn_value()
+
+    def listens(self) -> bool:
+        """Whether the worker holds a LISTEN connection (not on a pooled `dsn` without `listen_dsn`)."""
+        return not self.transaction_pooler or self.listen_dsn is not None
 
     def resolved_worker_id(self) -> str:
         if self.worker_id is None:

@@ -24,7 +24,7 @@ SELECT coalesce(max(version), 0) AS version FROM taskq.schema_migrations;
 -- name: job_insert
 -- Returns only what the server decides; the client knows the rest of the row it sent. A plain
 -- INSERT ... RETURNING (the NOTIFY in the RETURNING list) costs the server a sixth less than the same
--- statement wrapped in a CTE.
+-- statement wrapped in a CTE. With notify false the NOTIFY is left to a later jobs_notify (backend_notify).
 INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
                         scheduled_at, schedule_to_close, parent_id)
 VALUES (%(id)s, %(actor)s, %(queue)s, %(payload)s::jsonb,
@@ -33,7 +33,7 @@ VALUES (%(id)s, %(actor)s, %(queue)s, %(payload)s::jsonb,
         greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
         now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s)
 RETURNING status, scheduled_at, schedule_to_close, created_at,
-          (CASE WHEN status = 'pending' THEN pg_notify('taskq_jobs', queue) END) IS NULL AS _n;
+          (CASE WHEN %(notify)s::bool AND status = 'pending' THEN pg_notify('taskq_jobs', queue) END) IS NULL AS _n;
 
 -- name: job_insert_many
 -- One statement per batch of one enqueue_many call: only ids and payloads vary, sent as binary arrays
@@ -51,7 +51,8 @@ WITH ins AS (
     RETURNING status
 )
 SELECT count(*) AS inserted,
-       (CASE WHEN bool_or(status = 'pending') THEN pg_notify('taskq_jobs', %(queue)s::text) END) IS NULL AS _n
+       (CASE WHEN %(notify)s::bool AND bool_or(status = 'pending') THEN pg_notify('taskq_jobs', %(queue)s::text) END)
+           IS NULL AS _n
 FROM ins;
 
 -- name: job_insert_unique
@@ -69,7 +70,7 @@ ON CONFLICT (unique_key)
     WHERE unique_key IS NOT NULL AND (unique_scope = 'retained' OR status IN ('pending', 'scheduled', 'running'))
     DO NOTHING
 RETURNING status, scheduled_at, schedule_to_close, created_at,
-          (CASE WHEN status = 'pending' THEN pg_notify('taskq_jobs', queue) END) IS NULL AS _n;
+          (CASE WHEN %(notify)s::bool AND status = 'pending' THEN pg_notify('taskq_jobs', queue) END) IS NULL AS _n;
 
 -- name: job_unique_holder
 -- The job a new row with this key conflicts with (at most one, by jobs_unique_key_idx).
@@ -97,7 +98,8 @@ WITH ins AS (
 )
 SELECT count(*) AS written,
        CASE WHEN count(*) < cardinality(%(ids)b::uuid[]) THEN array_agg(id) END AS written_ids,
-       (CASE WHEN bool_or(status = 'pending') THEN pg_notify('taskq_jobs', %(queue)s::text) END) IS NULL AS _n
+       (CASE WHEN %(notify)s::bool AND bool_or(status = 'pending') THEN pg_notify('taskq_jobs', %(queue)s::text) END)
+           IS NULL AS _n
 FROM ins;
 
 -- name: job_unique_holders
@@ -105,6 +107,10 @@ FROM ins;
 SELECT unique_key, id FROM taskq.jobs
 WHERE unique_key = ANY(%(unique_keys)s::text[])
   AND (unique_scope = 'retained' OR status IN ('pending', 'scheduled', 'running'));
+
+-- name: jobs_notify
+-- The NOTIFY an insert left out (see backend_notify): sent after that insert committed.
+SELECT pg_notify('taskq_jobs', %(queue)s::text);
 
 -- name: job_get
 SELECT * FROM taskq.jobs WHERE id = %(id)s;

@@ -239,7 +239,7 @@ class Worker:
         # the worker's connections name it, so that the lease-loss trigger tells its own writes apart
         self.backend = await Backend.open(dsn, min_size=2, max_size=max(4, min(20, s.concurrency // 50 + 4)),
                                           reconnect_timeout=POOL_RECONNECT_TIMEOUT,
-                                          session_settings={"taskq.worker_id": self.worker_id})
+                                          worker_id=self.worker_id, transaction_pooler=s.transaction_pooler)
         self.store = WorkerStore(self.backend, self.worker_id)
         self.completer = Completer(self.store, give_up_after=s.lock_timeout)
         listen_dsn = s.listen_dsn_value()
@@ -253,10 +253,14 @@ class Worker:
         services = {
             "completer": loop.create_task(self.completer.run(), name="taskq-completer"),
             "heartbeat": loop.create_task(self.heartbeat.run(), name="taskq-heartbeat"),
-            "listener": loop.create_task(self.listener.run(), name="taskq-listener"),
             "sweeper": loop.create_task(self.sweeper.run(), name="taskq-sweeper"),
             "dispatcher": loop.create_task(self.dispatcher.run(), name="taskq-dispatcher"),
         }
+        if s.listens():
+            services["listener"] = loop.create_task(self.listener.run(), name="taskq-listener")
+        else:
+            log.info("no LISTEN connection (transaction_pooler without listen_dsn): polling every %.2fs, "
+                     "cancel requests arrive with the heartbeat", s.poll_interval)
         from taskq.worker.liveness import LivenessReporter
 
         self.liveness = LivenessReporter.from_env(self)
