@@ -6,10 +6,11 @@ them) and returns models. Worker-side operations live in `taskq.worker.store` on
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Self, TypeVar, cast
@@ -32,6 +33,8 @@ from taskq.models import (
     JobFilter,
     JobRow,
     JobStatus,
+    PruneClass,
+    PruneResult,
 )
 
 __all__ = ["Backend", "InsertedJob", "JobBatch", "JobInsert", "JobRow", "connect_error", "uuid7", "uuid7_many"]
@@ -115,9 +118,11 @@ class JobOptions:
     scheduled_at: datetime | None
     schedule_to_close: float | None
     parent_id: UUID | None = None
+    idempotent: bool = True
 
     def params(self) -> dict[str, Any]:
         return {
+            "idempotent": self.idempotent,
             "actor": self.actor,
             "queue": self.queue,
             "priority": self.priority,
@@ -209,6 +214,8 @@ class InsertedJob:
                 error_message=None,
                 progress=None,
                 parent_id=opts.parent_id,
+                snooze_count=0,
+                idempotent=opts.idempotent,
             )
         )
 
@@ -411,3 +418,40 @@ class Backend:
                     status = JobStatus(prev)
                     counts[status] = counts.get(status, 0) + 1
         return BulkCancelResult(by_previous_status=counts, job_ids=tuple(ids), batches=batches)
+
+    # -- retention ---------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def dedicated_connection(self, *, timeout: float = 10.0) -> AsyncIterator[AsyncConnection[Any]]:
+        """An autocommit connection of its own, outside the pool (pruning must never hold a connection
+        the claims and finishes need); closed on exit."""
+        try:
+            conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True,
+                                                         connect_timeout=int(max(1, timeout)))
+        except psycopg.OperationalError as exc:
+            raise connect_error(self.dsn, exc) from None
+        try:
+            yield conn
+        finally:
+            await conn.close()
+
+    @staticmethod
+    async def job_prune_batch(conn: AsyncConnection[Any], cls: PruneClass, keep: float, limit: int) -> tuple[int, int]:
+        """Delete one bounded batch of `cls` rows finished more than `keep` seconds ago (jobs with their
+        events); returns (rows deleted, events deleted)."""
+        cur = await conn.execute(sql.query(f"prune_{cls.value}"), {"keep": keep, "limit": limit})
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
+    @staticmethod
+    async def job_prune_count(conn: AsyncConnection[Any], keep: dict[PruneClass, float]) -> PruneResult:
+        """What a prune with these windows would delete now (0 disables a class); deletes nothing."""
+        cur = await conn.execute(sql.query("prune_count"), {
+            "keep_succeeded": keep[PruneClass.SUCCEEDED], "keep_failed": keep[PruneClass.FAILED],
+            "keep_attempts": keep[PruneClass.ATTEMPTS],
+        })
+        row = await cur.fetchone()
+        assert row is not None
+        return PruneResult(succeeded=int(row[0]), failed=int(row[1]), attempts=int(row[2]), events=int(row[3]),
+                           dry_run=True)

@@ -26,12 +26,12 @@ SELECT coalesce(max(version), 0) AS version FROM taskq.schema_migrations;
 -- INSERT ... RETURNING (the NOTIFY in the RETURNING list) costs the server a sixth less than the same
 -- statement wrapped in a CTE.
 INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
-                        scheduled_at, schedule_to_close, parent_id)
+                        scheduled_at, schedule_to_close, parent_id, idempotent)
 VALUES (%(id)s, %(actor)s, %(queue)s, %(payload)s::jsonb,
         CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
         %(priority)s, %(tags)s::text[], %(max_attempts)s,
         greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
-        now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s)
+        now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s, %(idempotent)s)
 RETURNING status, scheduled_at, schedule_to_close, created_at,
           (CASE WHEN status = 'pending' THEN pg_notify('taskq_jobs', queue) END) IS NULL AS _n;
 
@@ -41,12 +41,13 @@ RETURNING status, scheduled_at, schedule_to_close, created_at,
 -- NOTIFY for the whole batch when its jobs are due now.
 WITH ins AS (
     INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
-                            scheduled_at, schedule_to_close, parent_id)
+                            scheduled_at, schedule_to_close, parent_id, idempotent)
     SELECT u.id, %(actor)s::text, %(queue)s::text, u.payload::jsonb,
            CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
            %(priority)s::int, %(tags)s::text[], %(max_attempts)s::int,
            greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
-           now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s::uuid
+           now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s::uuid,
+           %(idempotent)s::boolean
     FROM unnest(%(ids)b::uuid[], %(payloads)b::text[]) AS u(id, payload)
     RETURNING status
 )

@@ -341,3 +341,80 @@ SELECT id FROM upd;
 
 -- name: listen
 LISTEN taskq_jobs; LISTEN taskq_cancel;
+
+-- name: prune_succeeded
+-- Retention, one bounded batch of the succeeded class (succeeded and cancelled): the oldest finished rows
+-- past the keep window, read in finished_at order from jobs_retention_succeeded_idx, deleted with their
+-- events. SKIP LOCKED: pruners on many workers take disjoint batches, and a row some transaction holds
+-- (a requeue, a cancel) is left for the next round. The delete repeats the status test, so a row that left
+-- the class since this statement's snapshot is never deleted.
+WITH doomed AS (
+    SELECT id FROM taskq.jobs
+    WHERE status IN ('succeeded', 'cancelled') AND finished_at < now() - %(keep)s::float8 * interval '1 second'
+    ORDER BY finished_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM taskq.jobs AS j USING doomed AS d
+    WHERE j.id = d.id AND j.status IN ('succeeded', 'cancelled')
+    RETURNING j.id
+), events AS (
+    DELETE FROM taskq.job_events AS e USING gone AS g WHERE e.job_id = g.id
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS jobs, (SELECT count(*) FROM events) AS events;
+
+-- name: prune_failed
+-- As prune_succeeded, for the failed class (failed, crashed, abandoned), from jobs_retention_failed_idx.
+WITH doomed AS (
+    SELECT id FROM taskq.jobs
+    WHERE status IN ('failed', 'crashed', 'abandoned')
+      AND finished_at < now() - %(keep)s::float8 * interval '1 second'
+    ORDER BY finished_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM taskq.jobs AS j USING doomed AS d
+    WHERE j.id = d.id AND j.status IN ('failed', 'crashed', 'abandoned')
+    RETURNING j.id
+), events AS (
+    DELETE FROM taskq.job_events AS e USING gone AS g WHERE e.job_id = g.id
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS jobs, (SELECT count(*) FROM events) AS events;
+
+-- name: prune_attempts
+-- One bounded batch of finished attempts rows past their own keep window (job_attempts_retention_idx).
+-- They outlive their jobs; an open attempt (finished_at NULL) is never pruned.
+WITH doomed AS (
+    SELECT job_id, claim_epoch FROM taskq.job_attempts
+    WHERE finished_at IS NOT NULL AND finished_at < now() - %(keep)s::float8 * interval '1 second'
+    ORDER BY finished_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM taskq.job_attempts AS a USING doomed AS d
+    WHERE a.job_id = d.job_id AND a.claim_epoch = d.claim_epoch AND a.finished_at IS NOT NULL
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS attempts, 0::bigint AS events;
+
+-- name: prune_count
+-- `taskq prune --dry-run`: what a prune would delete now, per class, without deleting (a window of 0
+-- disables its class). The same index-backed predicates as the batches.
+WITH succ AS (
+    SELECT id FROM taskq.jobs
+    WHERE %(keep_succeeded)s::float8 > 0 AND status IN ('succeeded', 'cancelled')
+      AND finished_at < now() - %(keep_succeeded)s::float8 * interval '1 second'
+), fail AS (
+    SELECT id FROM taskq.jobs
+    WHERE %(keep_failed)s::float8 > 0 AND status IN ('failed', 'crashed', 'abandoned')
+      AND finished_at < now() - %(keep_failed)s::float8 * interval '1 second'
+)
+SELECT (SELECT count(*) FROM succ) AS succeeded,
+       (SELECT count(*) FROM fail) AS failed,
+       (SELECT count(*) FROM taskq.job_attempts
+        WHERE %(keep_attempts)s::float8 > 0 AND finished_at IS NOT NULL
+          AND finished_at < now() - %(keep_attempts)s::float8 * interval '1 second') AS attempts,
+       (SELECT count(*) FROM taskq.job_events AS e
+        WHERE e.job_id IN (SELECT id FROM succ UNION ALL SELECT id FROM fail)) AS events;

@@ -24,6 +24,7 @@ from taskq.worker.completer import Completer
 from taskq.worker.consumer import Consumers, Hooks
 from taskq.worker.dispatcher import Dispatcher, Listener
 from taskq.worker.heartbeat import Heartbeat
+from taskq.worker.pruner import Pruner
 from taskq.worker.registry import ActiveJob, ActiveJobRegistry
 from taskq.worker.store import ClaimedJob, WorkerStore
 from taskq.worker.sweeper import Sweeper
@@ -212,6 +213,7 @@ class Worker:
                                           session_settings={"taskq.worker_id": self.worker_id})
         self.store = WorkerStore(self.backend, self.worker_id)
         self.completer = Completer(self.store, give_up_after=s.lock_timeout)
+        self.pruner = Pruner(self.backend, s)
         listen_dsn = s.listen_dsn_value()
         self.listener.dsn = resolve_dsn(listen_dsn) if listen_dsn else dsn
         await self.store.register(s.queues, s.concurrency, s.lock_timeout)
@@ -225,6 +227,7 @@ class Worker:
             "heartbeat": loop.create_task(self.heartbeat.run(), name="taskq-heartbeat"),
             "listener": loop.create_task(self.listener.run(), name="taskq-listener"),
             "sweeper": loop.create_task(self.sweeper.run(), name="taskq-sweeper"),
+            "pruner": loop.create_task(self.pruner.run(), name="taskq-pruner"),
             "dispatcher": loop.create_task(self.dispatcher.run(), name="taskq-dispatcher"),
         }
         from taskq.worker.liveness import LivenessReporter
@@ -274,8 +277,9 @@ class Worker:
         running until the end, so every lease stays valid while the phases play out."""
         self.watchdog.arm()
         s = self.settings
-        # DRAINING: stop claiming at once
+        # DRAINING: stop claiming at once (and pruning, after its current batch)
         self.draining = True
+        self.pruner.stopping.set()
         self.shutdown_active = True
         self.dispatcher.wake.set()
         log.info("worker %s shutting down with %d jobs in flight", self.worker_id, len(self.registry))

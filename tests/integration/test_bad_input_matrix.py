@@ -334,6 +334,12 @@ CASES: list[Case] = [
     Case("cli-worker-wrong-password", "cli", "taskq worker with a wrong password", "exit 3",
          "password authentication failed",
          lambda e: worker_cli(e, "taskq_testapp:actors", dsn=_wrong_password(e)), db="scram"),
+    Case("cli-prune-negative-retention", "cli", "taskq prune --retention-succeeded -1", "exit 2",
+         "retention_succeeded", lambda e: cli(e, "prune", "--retention-succeeded", "-1")),
+    Case("cli-prune-env-nan-retention", "cli", "taskq prune, TASKQ_RETENTION_FAILED=nan", "exit 2",
+         "retention_failed", lambda e: cli(e, "prune", extra_env={"TASKQ_RETENTION_FAILED": "nan"})),
+    Case("cli-worker-negative-retention", "cli", "taskq worker --retention-attempts -5", "exit 2",
+         "retention_attempts", lambda e: worker_cli(e, "taskq_testapp:actors", "--retention-attempts", "-5")),
     # -- worker --------------------------------------------------------------------------------------
     Case("worker-unknown-actor", "worker", "a job for an actor this worker lacks", "failed UnknownActor",
          "no actor named 'matrix.missing'", lambda e: worker_runs(e, "matrix.missing", {}), adds_jobs=1),
@@ -346,6 +352,10 @@ CASES: list[Case] = [
          "surrogates not allowed", lambda e: worker_runs(e, "matrix.surrogate_result", 1), adds_jobs=1),
     Case("worker-settings-nan", "worker", "WorkerSettings(lock_timeout=nan)", "ValidationError", "lock_timeout",
          lambda e: settings_error(lock_timeout=float("nan"))),
+    Case("worker-settings-nan-retention", "worker", "WorkerSettings(retention_succeeded=nan)", "ValidationError",
+         "retention_succeeded", lambda e: settings_error(retention_succeeded=float("nan"))),
+    Case("worker-settings-negative-retention", "worker", "WorkerSettings(retention_failed=-1)", "ValidationError",
+         "retention_failed", lambda e: settings_error(retention_failed=-1)),
     Case("worker-settings-negative", "worker", "WorkerSettings(max_threads=-1)", "ValidationError", "max_threads",
          lambda e: settings_error(max_threads=-1)),
 ]
