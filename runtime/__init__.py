@@ -8,7 +8,7 @@ from __future__ import annotations
 from taskq.actors.declaration import Actor, ActorRegistry, RetryPolicy, actor
 from taskq.client import JobHandle, JobsClient
 from taskq.context import JobContext
-from taskq.exceptions import JobFailed, NonRetryableError, TaskqError
+from taskq.exceptions import JobFailed, NonRetryableError, Snooze, SnoozeInvalid, TaskqError
 from taskq.models import (
     BulkCancelResult,
     CancelOrigin,
@@ -38,6 +38,8 @@ __all__ = [
     "JobsClient",
     "NonRetryableError",
     "RetryPolicy",
+    "Snooze",
+    "SnoozeInvalid",
     "TaskqError",
     "WorkerSettings",
     "actor",

@@ -23,6 +23,8 @@ INVARIANTS: dict[str, str] = {
     "inv_attempts_not_refunded": "attempts never refunded: one attempt row per claim, numbered 1..n",
     "inv_interrupts_match_releases": "interrupt_count equals the number of release events",
     "inv_timeline_chained": "timelines non-empty, chained and ordered, ending at the row's status",
+    "inv_snoozes_counted": "every snooze counted on the row, in the timeline and in the attempts",
+    "inv_claims_monotonic": "attempt and claim_epoch rise with every claim (through snoozes and requeues)",
 }
 
 

@@ -112,7 +112,9 @@ RETURNING j.id, j.claim_epoch, j.cancel_phase;
 
 -- name: job_finish_batch
 -- Every outcome of an attempt, batched: succeeded / failed / cancelled / abandoned / crashed, or
--- 'scheduled' for a retry after retry_delay seconds. Rows whose fence fails are left alone; the
+-- 'scheduled' for a retry after retry_delay seconds (outcome 'retried'), or for a snooze (outcome
+-- 'snoozed': the actor raised taskq.Snooze; it gives its attempt back to the budget, max_attempts + 1,
+-- and its event is of kind 'snoozed'). Rows whose fence fails are left alone; the
 -- caller counts them as stale writes. A cancelled verdict needs a real cancel request on the row.
 -- A retry is never written over an operator's cancel request: an attempt that failed after the request
 -- committed but before its worker saw it ends cancelled (the marker of the row's cancel phase), as the
@@ -144,7 +146,11 @@ WITH i AS (
                          ELSE j.worker_id END,
         lock_expires_at = NULL,
         cancel_phase = CASE WHEN i.status = 'scheduled' AND j.cancel_requested_at IS NULL THEN 0
-                            WHEN i.error_class = 'CancelledForced' THEN 2 ELSE j.cancel_phase END
+                            WHEN i.error_class = 'CancelledForced' THEN 2 ELSE j.cancel_phase END,
+        max_attempts = j.max_attempts
+                       + CASE WHEN i.outcome = 'snoozed' AND j.cancel_requested_at IS NULL THEN 1 ELSE 0 END,
+        snooze_count = j.snooze_count
+                       + CASE WHEN i.outcome = 'snoozed' AND j.cancel_requested_at IS NULL THEN 1 ELSE 0 END
     FROM i
     WHERE j.id = i.id AND j.status = 'running' AND j.attempt = i.attempt AND j.claim_epoch = i.epoch
       AND (i.status <> 'cancelled' OR j.cancel_requested_at IS NOT NULL)
@@ -165,7 +171,8 @@ WITH i AS (
     WHERE a.job_id = u.id AND a.claim_epoch = u.claim_epoch
 ), ev AS (
     INSERT INTO taskq.job_events (job_id, kind, from_status, to_status, attempt, worker_id, detail)
-    SELECT u.id, 'state_change', 'running', u.status, u.attempt, u.worker_id,
+    SELECT u.id, CASE WHEN u.outcome = 'snoozed' THEN 'snoozed' ELSE 'state_change' END,
+           'running', u.status, u.attempt, u.worker_id,
            coalesce(u.detail, '{}'::jsonb)
            || jsonb_strip_nulls(jsonb_build_object('error_class', u.error_class, 'claim_epoch', u.claim_epoch))
     FROM upd AS u
