@@ -132,6 +132,14 @@ class Consumers:
                 error_message="schedule_to_close passed before this attempt could start",
             ))
             return
+        if not actor.idempotent and job.idempotent:
+            # enqueued by name: say so on the row before the actor can have any effect, so that a reclaimer
+            # that does not know the actor never re-runs it after a crash (idempotent actors pay nothing)
+            if not await self.w.store.mark_not_idempotent(job):
+                log.warning("job %s attempt %d: no longer holds the row; not started", job.id, job.attempt)
+                entry.finishing = True
+                return
+            job.idempotent = False
         loop = self.loop
         last = job.progress.get("data") if isinstance(job.progress, dict) else None
         entry.ctx = JobContext(

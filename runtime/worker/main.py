@@ -89,7 +89,7 @@ class Worker:
             cleanup_grace_period=settings.cleanup_grace_period, on_leak_change=self.on_abandoned
         )
         self._process_executor: Executor | None = None
-        self.summary: dict[str, list[str]] = {"released": [], "cancelled": [], "held": []}
+        self.summary: dict[str, list[str]] = {"released": [], "cancelled": [], "crashed": [], "held": []}
         self.shutdown_event = asyncio.Event()
         self.skip_grace = asyncio.Event()
         """Set by a second SIGINT: skip what is left of the grace windows."""
@@ -173,7 +173,8 @@ class Worker:
         for e in todo:
             e.finishing = True
         try:
-            outcome = await self.store.release_batch([(e.id, e.attempt, e.claim_epoch) for e in todo])
+            outcome = await self.store.release_batch([(e.id, e.attempt, e.claim_epoch) for e in todo],
+                                                     [e.effect_unknown for e in todo])
         except Exception as exc:
             # nothing more to try before the exit: the rows stay held until their lease runs out, then any
             # sweeper retries them (the attempt counts, as for a crash)
@@ -187,6 +188,10 @@ class Worker:
             if status is None:
                 STALE_WRITES.inc()
                 log.warning("job %s attempt %d: release fenced out (a newer attempt owns the row)", e.id, e.attempt)
+            elif status == "crashed":
+                self.summary["crashed"].append(str(e.id))
+                log.warning("job %s attempt %d: a non-idempotent actor had to be forced at shutdown; ended crashed "
+                            "(WorkerShutdown) for review instead of being re-run", e.id, e.attempt)
             elif status == "cancelled":
                 self.summary["cancelled"].append(str(e.id))
                 if e.actor is not None and e.actor.on_cancel is not None:
@@ -312,8 +317,8 @@ class Worker:
         self.summary["held"] += [i for i in self.unreleased if i not in self.summary["held"]]
         for outcome, ids in self.summary.items():
             SHUTDOWN_JOBS.labels(outcome=outcome).inc(len(ids))
-        log.info("worker %s stopped: released=%s cancelled=%s still_held=%s", self.worker_id,
-                 self.summary["released"], self.summary["cancelled"], self.summary["held"])
+        log.info("worker %s stopped: released=%s cancelled=%s crashed=%s still_held=%s", self.worker_id,
+                 self.summary["released"], self.summary["cancelled"], self.summary["crashed"], self.summary["held"])
 
     @staticmethod
     def _still_executing(entry: ActiveJob) -> bool:
