@@ -14,6 +14,35 @@ CREATE INDEX jobs_retention_failed_idx ON taskq.jobs (finished_at)
 CREATE INDEX job_attempts_retention_idx ON taskq.job_attempts (finished_at)
     WHERE finished_at IS NOT NULL;
 
+-- The delete half of a prune batch. The worker role has no DELETE on jobs, job_events or job_attempts
+-- (sql/roles.sql): it prunes through these two functions, which run as the schema owner and delete only
+-- what retention may delete, whatever ids they are given: terminal jobs with their events, and finished
+-- attempts rows. The prune statements (sql/worker.sql) choose the batch, index-backed, with SKIP LOCKED.
+CREATE FUNCTION taskq.delete_terminal_jobs(p_ids uuid[], OUT jobs bigint, OUT events bigint)
+    LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog AS $$
+    WITH gone AS (
+        DELETE FROM taskq.jobs
+        WHERE id = ANY(p_ids) AND status IN ('succeeded', 'cancelled', 'failed', 'crashed', 'abandoned')
+        RETURNING id
+    ), ev AS (
+        DELETE FROM taskq.job_events AS e USING gone AS g WHERE e.job_id = g.id
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM ev)
+$$;
+CREATE FUNCTION taskq.delete_finished_attempts(p_jobs uuid[], p_epochs bigint[], OUT attempts bigint)
+    LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog AS $$
+    WITH gone AS (
+        DELETE FROM taskq.job_attempts AS a
+        USING unnest(p_jobs, p_epochs) AS d(job_id, claim_epoch)
+        WHERE a.job_id = d.job_id AND a.claim_epoch = d.claim_epoch AND a.finished_at IS NOT NULL
+        RETURNING 1
+    )
+    SELECT count(*) FROM gone
+$$;
+REVOKE ALL ON FUNCTION taskq.delete_terminal_jobs(uuid[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION taskq.delete_finished_attempts(uuid[], bigint[]) FROM PUBLIC;
+
 -- Snooze: the number of times the actor asked to run later. A snooze gives its attempt back to the
 -- budget (max_attempts + 1) while attempt and claim_epoch still rise at the next claim, so fences and
 -- attempt numbers stay monotonic.

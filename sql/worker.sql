@@ -375,25 +375,18 @@ LISTEN taskq_jobs; LISTEN taskq_cancel;
 
 -- name: prune_succeeded
 -- Retention, one bounded batch of the succeeded class (succeeded and cancelled): the oldest finished rows
--- past the keep window, read in finished_at order from jobs_retention_succeeded_idx, deleted with their
--- events. SKIP LOCKED: pruners on many workers take disjoint batches, and a row some transaction holds
--- (a requeue, a cancel) is left for the next round. The delete repeats the status test, so a row that left
--- the class since this statement's snapshot is never deleted.
+-- past the keep window, read in finished_at order from jobs_retention_succeeded_idx and deleted with their
+-- events by taskq.delete_terminal_jobs (which deletes nothing that is not terminal). SKIP LOCKED: pruners
+-- on many workers take disjoint batches, and a row some transaction holds (a requeue, a cancel) is left
+-- for the next round; the lock also keeps the row terminal until the delete.
 WITH doomed AS (
     SELECT id FROM taskq.jobs
     WHERE status IN ('succeeded', 'cancelled') AND finished_at < now() - %(keep)s::float8 * interval '1 second'
     ORDER BY finished_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-), gone AS (
-    DELETE FROM taskq.jobs AS j USING doomed AS d
-    WHERE j.id = d.id AND j.status IN ('succeeded', 'cancelled')
-    RETURNING j.id
-), events AS (
-    DELETE FROM taskq.job_events AS e USING gone AS g WHERE e.job_id = g.id
-    RETURNING 1
 )
-SELECT (SELECT count(*) FROM gone) AS jobs, (SELECT count(*) FROM events) AS events;
+SELECT d.jobs, d.events FROM taskq.delete_terminal_jobs(ARRAY(SELECT id FROM doomed)) AS d;
 
 -- name: prune_failed
 -- As prune_succeeded, for the failed class (failed, crashed, abandoned), from jobs_retention_failed_idx.
@@ -404,15 +397,8 @@ WITH doomed AS (
     ORDER BY finished_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-), gone AS (
-    DELETE FROM taskq.jobs AS j USING doomed AS d
-    WHERE j.id = d.id AND j.status IN ('failed', 'crashed', 'abandoned')
-    RETURNING j.id
-), events AS (
-    DELETE FROM taskq.job_events AS e USING gone AS g WHERE e.job_id = g.id
-    RETURNING 1
 )
-SELECT (SELECT count(*) FROM gone) AS jobs, (SELECT count(*) FROM events) AS events;
+SELECT d.jobs, d.events FROM taskq.delete_terminal_jobs(ARRAY(SELECT id FROM doomed)) AS d;
 
 -- name: prune_attempts
 -- One bounded batch of finished attempts rows past their own keep window (job_attempts_retention_idx).
@@ -423,12 +409,9 @@ WITH doomed AS (
     ORDER BY finished_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-), gone AS (
-    DELETE FROM taskq.job_attempts AS a USING doomed AS d
-    WHERE a.job_id = d.job_id AND a.claim_epoch = d.claim_epoch AND a.finished_at IS NOT NULL
-    RETURNING 1
 )
-SELECT (SELECT count(*) FROM gone) AS attempts, 0::bigint AS events;
+SELECT d.attempts, 0::bigint AS events
+FROM taskq.delete_finished_attempts(ARRAY(SELECT job_id FROM doomed), ARRAY(SELECT claim_epoch FROM doomed)) AS d;
 
 -- name: prune_count
 -- `taskq prune --dry-run`: what a prune would delete now, per class, without deleting (a window of 0
