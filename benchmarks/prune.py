@@ -4,17 +4,18 @@
                                [--concurrency 500] [--claim-batch-size 200] [--json out.json]
 
 Each round seeds `--rows` succeeded jobs that finished two days ago (each with its two state_change
-events and its attempts row, as a real history has), then runs two legs on that same table:
+events and its attempts row, as a real history has; ids are time-ordered UUIDv7, as taskq's own, which
+needs PostgreSQL 18), then runs two legs on that same table:
 
 1. drain only: `--jobs` pending no-op jobs drained by two worker processes, nothing pruned;
 2. drain + prune: the backlog enqueued again, `taskq prune` started (a separate process, default
-   windows: the seeded jobs are past the 1-day `retention_succeeded`; attempts rows kept), then the two
-   workers started at once, so the whole drain runs during the prune.
+   windows: the seeded jobs are past the 1-day `retention_succeeded`; attempts rows kept), and the two
+   workers started as soon as its first batch is deleted, so the whole drain runs during the prune.
 
 The workers' own pruners are disabled (retention windows 0) so that only the measured prune deletes.
 The drain figure is backlog jobs / (max(finished_at) - min(started_at)) from the rows themselves; the
-prune rate is jobs deleted / the prune's own time, and separately the jobs it deleted while the drain
-ran (counted on the retention index at the drain's start and end). Medians of the rounds.
+prune rate is jobs deleted / the prune's own time, and separately the jobs it deleted from the workers'
+start to the drain's end (counted on the retention index). Medians of the rounds.
 Target: the drain during the prune at most 15 % slower than without it.
 """
 
@@ -59,8 +60,8 @@ NO_PRUNING = {"retention_succeeded": 0, "retention_failed": 0, "retention_attemp
 
 SEED_SQL = """
 WITH ins AS (
-    INSERT INTO taskq.jobs (actor, status, attempt, claim_epoch, created_at, started_at, finished_at, result)
-    SELECT %(actor)s, 'succeeded', 1, 1,
+    INSERT INTO taskq.jobs (id, actor, status, attempt, claim_epoch, created_at, started_at, finished_at, result)
+    SELECT uuidv7(- interval '2 days' - g * interval '10 ms' - interval '2 s'), %(actor)s, 'succeeded', 1, 1,
            now() - interval '2 days' - g * interval '10 ms' - interval '2 s',
            now() - interval '2 days' - g * interval '10 ms' - interval '1 s',
            now() - interval '2 days' - g * interval '10 ms', 'null'::jsonb
@@ -136,6 +137,11 @@ def drain_leg(dsn: str, args: argparse.Namespace, tag: str, *, with_prune: bool)
         conn.execute("VACUUM ANALYZE taskq.jobs")
         old_before = scalar(conn, OLD_LEFT_SQL)
         pruner = start_prune(dsn, logs / f"prune-{tag}-cli.log") if with_prune else None
+        old_at_start = old_before
+        if pruner is not None:  # the workers start once the prune is deleting, so the drain runs inside it
+            while old_at_start == old_before and pruner.poll() is None:
+                time.sleep(0.05)
+                old_at_start = scalar(conn, OLD_LEFT_SQL)
         prune_started = time.monotonic()
         settings = {"concurrency": args.concurrency, "claim_batch_size": args.claim_batch_size} | NO_PRUNING
         procs = [spawn_worker(dsn, APP, settings, logs / f"prune-{tag}-w{i}.log") for i in range(2)]
@@ -172,8 +178,8 @@ def drain_leg(dsn: str, args: argparse.Namespace, tag: str, *, with_prune: bool)
                 "prune_batches": pruned["batches"],
                 "prune_jobs_per_s": pruned["succeeded"] / pruned["seconds"],
                 "prune_rows_per_s": (pruned["succeeded"] + pruned["events"]) / pruned["seconds"],
-                "pruned_during_drain": int(old_before) - int(old_after_drain),
-                "prune_jobs_per_s_during_drain": (int(old_before) - int(old_after_drain))
+                "pruned_during_drain": int(old_at_start) - int(old_after_drain),
+                "prune_jobs_per_s_during_drain": (int(old_at_start) - int(old_after_drain))
                 / max(1e-9, drain_done - prune_started),
                 "old_rows_left": int(scalar(conn, OLD_LEFT_SQL)),
             })

@@ -7,8 +7,8 @@ jobs for post-mortems). A non-terminal job is never deleted: its status is in ev
 
 Each class is drained in bounded, index-backed batches (one committed statement each) over one
 dedicated connection, never a pooled one, with a pause after each batch proportional to the time the
-batch took: a prune takes at most about half of one connection's time, and the claims and finishes of a
-busy worker keep their connections and most of the server.
+batch took (PAUSE_RATIO), and one batch at a time across the fleet (an advisory-lock gate in the batch
+statement): the claims and finishes of busy workers keep their connections and most of the server.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ if TYPE_CHECKING:
 
 PRUNE_BATCH = 1000
 """Rows per batch: a few milliseconds of deletes, so a batch never holds locks or a CPU for long."""
-PAUSE_RATIO = 1.0
-"""Pause after each batch, as a multiple of the time the batch took."""
+PAUSE_RATIO = 6.0
+"""Pause after each batch, as a multiple of the time the batch took: a prune is busy about a seventh of
+the time, which keeps a busy fleet's drain within ~15 % of its pace (benchmarks/prune.py)."""
 MIN_PAUSE = 0.002
 
 ProgressCallback = Callable[[int, float], None]

@@ -376,39 +376,49 @@ LISTEN taskq_jobs; LISTEN taskq_cancel;
 -- name: prune_succeeded
 -- Retention, one bounded batch of the succeeded class (succeeded and cancelled): the oldest finished rows
 -- past the keep window, read in finished_at order from jobs_retention_succeeded_idx and deleted with their
--- events by taskq.delete_terminal_jobs (which deletes nothing that is not terminal). SKIP LOCKED: pruners
--- on many workers take disjoint batches, and a row some transaction holds (a requeue, a cancel) is left
--- for the next round; the lock also keeps the row terminal until the delete.
-WITH doomed AS (
-    SELECT id FROM taskq.jobs
-    WHERE status IN ('succeeded', 'cancelled') AND finished_at < now() - %(keep)s::float8 * interval '1 second'
+-- events by taskq.delete_terminal_jobs (which deletes nothing that is not terminal). SKIP LOCKED: a row
+-- some transaction holds (a requeue, a cancel) is left for the next round, and the lock keeps the row
+-- terminal until the delete. The gate, a transaction-level advisory lock tried once per batch (so it
+-- works behind transaction poolers), lets one batch run at a time across the fleet: pruners on many
+-- workers take turns between their pauses instead of adding up, and one that finds the gate taken
+-- ends its round (an empty batch) and comes back at its next interval.
+WITH gate AS (
+    SELECT pg_try_advisory_xact_lock(7461732, 1) AS open
+), doomed AS (
+    SELECT id FROM taskq.jobs, gate
+    WHERE gate.open
+      AND status IN ('succeeded', 'cancelled') AND finished_at < now() - %(keep)s::float8 * interval '1 second'
     ORDER BY finished_at
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF jobs SKIP LOCKED
 )
 SELECT d.jobs, d.events FROM taskq.delete_terminal_jobs(ARRAY(SELECT id FROM doomed)) AS d;
 
 -- name: prune_failed
 -- As prune_succeeded, for the failed class (failed, crashed, abandoned), from jobs_retention_failed_idx.
-WITH doomed AS (
-    SELECT id FROM taskq.jobs
-    WHERE status IN ('failed', 'crashed', 'abandoned')
+WITH gate AS (
+    SELECT pg_try_advisory_xact_lock(7461732, 1) AS open
+), doomed AS (
+    SELECT id FROM taskq.jobs, gate
+    WHERE gate.open AND status IN ('failed', 'crashed', 'abandoned')
       AND finished_at < now() - %(keep)s::float8 * interval '1 second'
     ORDER BY finished_at
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF jobs SKIP LOCKED
 )
 SELECT d.jobs, d.events FROM taskq.delete_terminal_jobs(ARRAY(SELECT id FROM doomed)) AS d;
 
 -- name: prune_attempts
 -- One bounded batch of finished attempts rows past their own keep window (job_attempts_retention_idx).
--- They outlive their jobs; an open attempt (finished_at NULL) is never pruned.
-WITH doomed AS (
-    SELECT job_id, claim_epoch FROM taskq.job_attempts
-    WHERE finished_at IS NOT NULL AND finished_at < now() - %(keep)s::float8 * interval '1 second'
+-- They outlive their jobs; an open attempt (finished_at NULL) is never pruned. Same gate.
+WITH gate AS (
+    SELECT pg_try_advisory_xact_lock(7461732, 1) AS open
+), doomed AS (
+    SELECT job_id, claim_epoch FROM taskq.job_attempts, gate
+    WHERE gate.open AND finished_at IS NOT NULL AND finished_at < now() - %(keep)s::float8 * interval '1 second'
     ORDER BY finished_at
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF job_attempts SKIP LOCKED
 )
 SELECT d.attempts, 0::bigint AS events
 FROM taskq.delete_finished_attempts(ARRAY(SELECT job_id FROM doomed), ARRAY(SELECT claim_epoch FROM doomed)) AS d;

@@ -33,7 +33,7 @@ from psycopg import sql as pgsql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import BaseModel, ValidationError
 
-from taskq import sql
+from taskq import Snooze, sql
 from taskq.actors.declaration import ActorRegistry, actor
 from taskq.client import DEFAULT_MAX_PAYLOAD_BYTES, JobsClient
 from taskq.models import JobFilter
@@ -68,6 +68,11 @@ async def object_result(payload: int) -> Any:
 @actor(name="matrix.surrogate_result", registry=registry)
 async def surrogate_result(payload: int) -> str:
     return "half a pair: \udc80"  # e.g. a file name decoded with surrogateescape
+
+
+@actor(name="matrix.bad_snooze", registry=registry)
+async def bad_snooze(payload: str) -> None:
+    raise Snooze(float(payload))  # e.g. "nan" or "-1": SnoozeInvalid, raised in the actor
 
 
 # -- the environment a case runs in -----------------------------------------------------------------
@@ -350,6 +355,10 @@ CASES: list[Case] = [
          "cannot be stored", lambda e: worker_runs(e, "matrix.object_result", 1), adds_jobs=1),
     Case("worker-surrogate-result", "worker", "an actor returning a lone surrogate", "failed ResultInvalid",
          "surrogates not allowed", lambda e: worker_runs(e, "matrix.surrogate_result", 1), adds_jobs=1),
+    Case("worker-snooze-nan", "worker", "an actor raising Snooze(nan)", "failed SnoozeInvalid",
+         "Snooze delay must be", lambda e: worker_runs(e, "matrix.bad_snooze", "nan"), adds_jobs=1),
+    Case("worker-snooze-negative", "worker", "an actor raising Snooze(-1)", "failed SnoozeInvalid",
+         "Snooze delay must be", lambda e: worker_runs(e, "matrix.bad_snooze", "-1"), adds_jobs=1),
     Case("worker-settings-nan", "worker", "WorkerSettings(lock_timeout=nan)", "ValidationError", "lock_timeout",
          lambda e: settings_error(lock_timeout=float("nan"))),
     Case("worker-settings-nan-retention", "worker", "WorkerSettings(retention_succeeded=nan)", "ValidationError",
