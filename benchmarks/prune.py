@@ -3,9 +3,9 @@
     python benchmarks/prune.py [--dsn DSN] [--rows 1000000] [--jobs 50000] [--rounds 3]
                                [--concurrency 500] [--claim-batch-size 200] [--json out.json]
 
-Each round seeds `--rows` succeeded jobs that finished two days ago (each with its two state_change
-events and its attempts row, as a real history has; ids are time-ordered UUIDv7, as taskq's own, which
-needs PostgreSQL 18), then runs two legs on that same table:
+Each round runs two legs, in alternating order, each on a table freshly seeded with `--rows` succeeded
+jobs that finished two days ago (each with its two state_change events and its attempts row, as a real
+history has; ids are time-ordered UUIDv7, as taskq's own, which needs PostgreSQL 18):
 
 1. drain only: `--jobs` pending no-op jobs drained by two worker processes, nothing pruned;
 2. drain + prune: the backlog enqueued again, `taskq prune` started (a separate process, default
@@ -193,7 +193,7 @@ def main() -> None:
     parser.add_argument("--dsn", default=None, help=DSN_HELP)
     parser.add_argument("--rows", type=int, default=1_000_000, help="old succeeded jobs seeded per round")
     parser.add_argument("--jobs", type=int, default=50_000, help="backlog drained per leg")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds (each: drain only, then drain + prune)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds (each: drain only and drain + prune)")
     parser.add_argument("--concurrency", type=int, default=500, help="worker --concurrency")
     parser.add_argument("--claim-batch-size", type=int, default=200, help="worker --claim-batch-size")
     parser.add_argument("--timeout", type=float, default=600.0, help="give up on a leg after this long")
@@ -207,10 +207,16 @@ def main() -> None:
         server_info = server_facts(dsn)
         announce("prune", params, info, server_info)
         for r in range(args.rounds):
-            reset_jobs(dsn)
-            seed_rate = seed(dsn, args.rows)
-            base = drain_leg(dsn, args, f"r{r + 1}-drain", with_prune=False)
-            pruned = drain_leg(dsn, args, f"r{r + 1}-prune", with_prune=True)
+            legs: dict[bool, dict[str, Any]] = {}
+            seed_rates = []
+            # alternate which leg goes first; each starts from a freshly seeded table
+            for with_prune in (False, True) if r % 2 == 0 else (True, False):
+                reset_jobs(dsn)
+                seed_rates.append(seed(dsn, args.rows))
+                legs[with_prune] = drain_leg(dsn, args, f"r{r + 1}-{'prune' if with_prune else 'drain'}",
+                                             with_prune=with_prune)
+            seed_rate = statistics.median(seed_rates)
+            base, pruned = legs[False], legs[True]
             slowdown = 1 - pruned["drain_jobs_per_s"] / base["drain_jobs_per_s"]
             rounds.append({"seed_rows_per_s": seed_rate, "drain_only": base, "drain_with_prune": pruned,
                            "slowdown": slowdown})

@@ -218,7 +218,7 @@ class Worker:
                                           session_settings={"taskq.worker_id": self.worker_id})
         self.store = WorkerStore(self.backend, self.worker_id)
         self.completer = Completer(self.store, give_up_after=s.lock_timeout)
-        self.pruner = Pruner(self.backend, s)
+        self.pruner = Pruner(self.store, s)
         listen_dsn = s.listen_dsn_value()
         self.listener.dsn = resolve_dsn(listen_dsn) if listen_dsn else dsn
         await self.store.register(s.queues, s.concurrency, s.lock_timeout)

@@ -9,18 +9,18 @@ import asyncio
 import logging
 import random
 
-from taskq.backend import Backend
 from taskq.metrics import ROWS_PRUNED
 from taskq.models import PruneResult
 from taskq.retention import keep_windows, prune
 from taskq.settings import WorkerSettings
+from taskq.worker.store import WorkerStore
 
 log = logging.getLogger("taskq.pruner")
 
 
 class Pruner:
-    def __init__(self, backend: Backend, settings: WorkerSettings) -> None:
-        self.backend = backend
+    def __init__(self, store: WorkerStore, settings: WorkerSettings) -> None:
+        self.store = store
         self.settings = settings
         self.stopping = asyncio.Event()
         """Set by the worker's shutdown: a prune in progress ends after its current batch."""
@@ -46,7 +46,7 @@ class Pruner:
                 log.warning("prune failed: %s", exc)
 
     async def prune_once(self) -> PruneResult:
-        result = await prune(self.backend, keep_windows(self.settings), stop=self.stopping)
+        result = await prune(self.store.backend, keep_windows(self.settings), stop=self.stopping)
         for cls in ("succeeded", "failed", "attempts", "events"):
             n = getattr(result, cls)
             if n:
