@@ -44,3 +44,26 @@ def test_idempotent_must_be_a_bool() -> None:
         @actor(name="pay.bad", registry=ActorRegistry(), idempotent="no")  # type: ignore[call-overload]
         async def bad(payload: int) -> int:
             return payload
+
+
+def test_the_supervisor_reclaim_ends_a_non_idempotent_job_crashed_without_knowing_the_actor(dsn: str) -> None:
+    from testkit import query
+
+    from taskq.supervisor.store import reclaim_dead_worker
+
+    rows = {}
+    for idempotent in (True, False):
+        (row,) = query(dsn, "INSERT INTO taskq.jobs (actor, status, attempt, claim_epoch, worker_id, started_at, "
+                            "lock_expires_at, max_attempts, idempotent) VALUES ('elsewhere.pay', 'running', 1, 1, "
+                            "'dead', now(), now() + interval '1 hour', 5, %s) RETURNING id", idempotent)
+        query(dsn, "INSERT INTO taskq.job_attempts (job_id, attempt, claim_epoch, worker_id) VALUES (%s, 1, 1, 'dead')",
+              row[0])
+        rows[idempotent] = row[0]
+    counts = reclaim_dead_worker(dsn, "dead", cause="worker_died", detail="exited -9", reclaimer_id="supervisor:t")
+    assert counts == {"scheduled": 1, "crashed": 1}
+    (crashed,) = query(dsn, "SELECT status, error_class, attempt, max_attempts, error_message FROM taskq.jobs "
+                            "WHERE id = %s", rows[False])
+    assert crashed[:4] == ("crashed", "WorkerCrashed", 1, 5) and "not idempotent" in crashed[4]
+    (event,) = query(dsn, "SELECT detail FROM taskq.job_events WHERE job_id = %s", rows[False])
+    assert event[0]["idempotent"] is False
+    assert query(dsn, "SELECT status FROM taskq.jobs WHERE id = %s", rows[True]) == [("scheduled",)]
