@@ -445,6 +445,11 @@ class Backend:
         return int(row[0]), int(row[1])
 
     @staticmethod
+    async def job_prune_pause(conn: AsyncConnection[Any], seconds: float) -> None:
+        """Wait `seconds` on the server holding the prune gate (if no other pruner holds it)."""
+        await conn.execute(sql.query("prune_pause"), {"seconds": seconds})
+
+    @staticmethod
     async def job_prune_count(conn: AsyncConnection[Any], keep: dict[PruneClass, float]) -> PruneResult:
         """What a prune with these windows would delete now (0 disables a class); deletes nothing."""
         cur = await conn.execute(sql.query("prune_count"), {

@@ -7,8 +7,9 @@ jobs for post-mortems). A non-terminal job is never deleted: its status is in ev
 
 Each class is drained in bounded, index-backed batches (one committed statement each) over one
 dedicated connection, never a pooled one, with a pause after each batch proportional to the time the
-batch took (PAUSE_RATIO), and one batch at a time across the fleet (an advisory-lock gate in the batch
-statement): the claims and finishes of busy workers keep their connections and most of the server.
+batch took (PAUSE_RATIO). Across the fleet one pruner works at a time: the batch statement tries an
+advisory-lock gate and the pause holds it, so pruners on many workers do not add up, and the claims and
+finishes of busy workers keep their connections and most of the server.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ async def prune(
                     on_progress(sum(done.values()), time.monotonic() - started)
                 if rows < batch_size:
                     break
-                await asyncio.sleep(max(MIN_PAUSE, took * pause_ratio))
+                await backend.job_prune_pause(conn, max(MIN_PAUSE, took * pause_ratio))
     return PruneResult(
         succeeded=done[PruneClass.SUCCEEDED], failed=done[PruneClass.FAILED], attempts=done[PruneClass.ATTEMPTS],
         events=events, batches=batches, seconds=time.monotonic() - started,

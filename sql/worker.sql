@@ -379,9 +379,9 @@ LISTEN taskq_jobs; LISTEN taskq_cancel;
 -- events by taskq.delete_terminal_jobs (which deletes nothing that is not terminal). SKIP LOCKED: a row
 -- some transaction holds (a requeue, a cancel) is left for the next round, and the lock keeps the row
 -- terminal until the delete. The gate, a transaction-level advisory lock tried once per batch (so it
--- works behind transaction poolers), lets one batch run at a time across the fleet: pruners on many
--- workers take turns between their pauses instead of adding up, and one that finds the gate taken
--- ends its round (an empty batch) and comes back at its next interval.
+-- works behind transaction poolers) and held through the pause after it (prune_pause), lets one pruner
+-- at a time work across the fleet: one that finds the gate taken ends its round (an empty batch) and
+-- comes back at its next interval.
 WITH gate AS (
     SELECT pg_try_advisory_xact_lock(7461732, 1) AS open
 ), doomed AS (
@@ -422,6 +422,13 @@ WITH gate AS (
 )
 SELECT d.attempts, 0::bigint AS events
 FROM taskq.delete_finished_attempts(ARRAY(SELECT job_id FROM doomed), ARRAY(SELECT claim_epoch FROM doomed)) AS d;
+
+-- name: prune_pause
+-- The pause after a prune batch, taken holding the batch gate: while one pruner pauses, a batch of any
+-- other pruner finds the gate taken and ends its round, so the fleet as a whole prunes at one pruner's
+-- pace however many workers run one. A pruner that finds the gate taken here returns at once (its next
+-- batch will find it taken too). A transaction of its own that holds no row lock.
+SELECT pg_sleep(%(seconds)s::float8) FROM (SELECT pg_try_advisory_xact_lock(7461732, 1) AS got) AS g WHERE g.got;
 
 -- name: prune_count
 -- `taskq prune --dry-run`: what a prune would delete now, per class, without deleting (a window of 0

@@ -157,6 +157,22 @@ async def test_two_pruners_at_once_share_the_rows_and_delete_each_once(dsn: str)
     assert remaining(dsn, kept) == (50, 50, 50)
 
 
+async def test_one_pruner_at_a_time_across_the_fleet(dsn: str) -> None:
+    """Another pruner holding the gate (in a batch or in its pause) ends this one's round at once."""
+    ids = seed(dsn, "succeeded", 7200.0, n=10)
+    backend = await Backend.open(dsn, max_size=1)
+    try:
+        async with await psycopg.AsyncConnection.connect(dsn) as other:
+            await other.execute("SELECT pg_advisory_xact_lock(7461732, 1)")  # held until its rollback
+            blocked = await prune(backend, windows(succeeded=3600.0))
+            await other.rollback()
+        result = await prune(backend, windows(succeeded=3600.0))
+    finally:
+        await backend.close()
+    assert blocked.total == 0 and blocked.batches == 1
+    assert result.succeeded == 10 and remaining(dsn, ids) == (0, 0, 10)
+
+
 async def test_the_worker_prunes_finished_jobs_periodically(dsn: str, client: JobsClient) -> None:
     reg = ActorRegistry()
 
