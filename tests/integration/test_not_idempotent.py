@@ -41,7 +41,7 @@ async def test_enqueue_writes_the_flag_when_the_producer_knows_the_actor(dsn: st
 def test_idempotent_must_be_a_bool() -> None:
     with pytest.raises(ActorDefinitionError, match="idempotent"):
 
-        @actor(name="pay.bad", registry=ActorRegistry(), idempotent="no")  # type: ignore[call-overload]
+        @actor(name="pay.bad", registry=ActorRegistry(), idempotent="no")  # type: ignore[call-overload, untyped-decorator]
         async def bad(payload: int) -> int:
             return payload
 

@@ -35,8 +35,11 @@ def job(dsn: str, job_id: UUID) -> dict[str, Any]:
 
 
 def attempts(dsn: str, job_id: UUID) -> list[tuple[Any, ...]]:
-    return query(dsn, "SELECT attempt, outcome, error_class FROM taskq.job_attempts WHERE job_id = %s "
-                      "ORDER BY claim_epoch", job_id)
+    rows: list[tuple[Any, ...]] = query(
+        dsn, "SELECT attempt, outcome, error_class FROM taskq.job_attempts WHERE job_id = %s ORDER BY claim_epoch",
+        job_id,
+    )
+    return rows
 
 
 def running_on(dsn: str, job_id: UUID, worker_id: str) -> bool:
