@@ -8,7 +8,7 @@ from __future__ import annotations
 from taskq.actors.declaration import Actor, ActorRegistry, RetryPolicy, actor
 from taskq.client import JobHandle, JobsClient
 from taskq.context import JobContext
-from taskq.exceptions import JobFailed, NonRetryableError, TaskqError
+from taskq.exceptions import JobFailed, NonRetryableError, Snooze, SnoozeInvalid, TaskqError
 from taskq.models import (
     BulkCancelResult,
     BulkRequeueResult,
@@ -42,6 +42,8 @@ __all__ = [
     "NonRetryableError",
     "RequeueResult",
     "RetryPolicy",
+    "Snooze",
+    "SnoozeInvalid",
     "TaskqError",
     "WorkerSettings",
     "actor",

@@ -6,10 +6,11 @@ them) and returns models. Worker-side operations live in `taskq.worker.store` on
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Self, TypeVar, cast
@@ -32,6 +33,8 @@ from taskq.models import (
     JobFilter,
     JobRow,
     JobStatus,
+    PruneClass,
+    PruneResult,
 )
 
 __all__ = [
@@ -121,9 +124,11 @@ class JobOptions:
     scheduled_at: datetime | None
     schedule_to_close: float | None
     parent_id: UUID | None = None
+    idempotent: bool = True
 
     def params(self) -> dict[str, Any]:
         return {
+            "idempotent": self.idempotent,
             "actor": self.actor,
             "queue": self.queue,
             "priority": self.priority,
@@ -264,6 +269,8 @@ class InsertedJob:
                 unique_key=job.unique_key,
                 unique_scope=job.unique_scope,
                 requeue_count=0,
+                snooze_count=0,
+                idempotent=opts.idempotent,
             )
         )
 
@@ -328,11 +335,14 @@ def transaction_pooler_from_env() -> bool:
 class Backend:
     """Job operations over an autocommit connection pool. Open with `Backend.open(dsn)`."""
 
-    def __init__(self, pool: AsyncConnectionPool[AsyncConnection[Any]], dsn: str) -> None:
+    def __init__(
+        self, pool: AsyncConnectionPool[AsyncConnection[Any]], dsn: str, *, transaction_pooler: bool = False
+    ) -> None:
         from taskq.backend_notify import EnqueueNotifier  # it builds on this module
 
         self.pool = pool
         self.dsn = dsn
+        self.transaction_pooler = transaction_pooler
         self.notifier = EnqueueNotifier(pool)
 
     @classmethod
@@ -369,7 +379,7 @@ class Backend:
             reconnect_timeout=reconnect_timeout,
         )
         await pool.open(wait=True, timeout=timeout)
-        return cls(pool, dsn)
+        return cls(pool, dsn, transaction_pooler=transaction_pooler)
 
     async def close(self, *, timeout: float = 5.0) -> None:
         """Close the pool; `timeout` bounds the wait for its background tasks (reconnection attempts)."""
@@ -556,3 +566,47 @@ class Backend:
                     for job_id, prev, requeued, conflict, _ in await cur.fetchall()
                 ]
         raise UniqueKeyContention("a bulk requeue batch kept meeting unique keys taken meanwhile; try again")
+
+    # -- retention ---------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def dedicated_connection(self, *, timeout: float = 10.0) -> AsyncIterator[AsyncConnection[Any]]:
+        """An autocommit connection of its own, outside the pool (pruning must never hold a connection
+        the claims and finishes need); closed on exit."""
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                self.dsn, connect_timeout=int(max(1, timeout)),
+                **connection_kwargs(self.dsn, worker_id=None, transaction_pooler=self.transaction_pooler),
+            )
+        except psycopg.OperationalError as exc:
+            raise connect_error(self.dsn, exc) from None
+        try:
+            yield conn
+        finally:
+            await conn.close()
+
+    @staticmethod
+    async def job_prune_batch(conn: AsyncConnection[Any], cls: PruneClass, keep: float, limit: int) -> tuple[int, int]:
+        """Delete one bounded batch of `cls` rows finished more than `keep` seconds ago (jobs with their
+        events); returns (rows deleted, events deleted)."""
+        cur = await conn.execute(sql.query(f"prune_{cls.value}"), {"keep": keep, "limit": limit})
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
+    @staticmethod
+    async def job_prune_pause(conn: AsyncConnection[Any], seconds: float) -> None:
+        """Wait `seconds` on the server holding the prune gate (if no other pruner holds it)."""
+        await conn.execute(sql.query("prune_pause"), {"seconds": seconds})
+
+    @staticmethod
+    async def job_prune_count(conn: AsyncConnection[Any], keep: dict[PruneClass, float]) -> PruneResult:
+        """What a prune with these windows would delete now (0 disables a class); deletes nothing."""
+        cur = await conn.execute(sql.query("prune_count"), {
+            "keep_succeeded": keep[PruneClass.SUCCEEDED], "keep_failed": keep[PruneClass.FAILED],
+            "keep_attempts": keep[PruneClass.ATTEMPTS],
+        })
+        row = await cur.fetchone()
+        assert row is not None
+        return PruneResult(succeeded=int(row[0]), failed=int(row[1]), attempts=int(row[2]), events=int(row[3]),
+                           dry_run=True)

@@ -185,6 +185,7 @@ def _check_options(
         max_attempts=attempts,
         scheduled_at=_when(scheduled_at),
         schedule_to_close=_seconds("schedule_to_close", deadline),
+        idempotent=actor.idempotent if actor is not None else True,
     )
 
 

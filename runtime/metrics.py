@@ -36,3 +36,7 @@ WORKER_RESTARTS = Counter("taskq_worker_restarts", "Workers replaced by the supe
 SHUTDOWN_JOBS = Counter(
     "taskq_shutdown_jobs", "Jobs in flight at a worker shutdown, by what became of them", ["outcome"]
 )
+ROWS_PRUNED = Counter(
+    "taskq_rows_pruned", "Rows deleted by retention, by class (succeeded, failed, attempts, events)", ["class"]
+)
+JOBS_SNOOZED = Counter("taskq_jobs_snoozed", "Attempts that ended with the actor raising taskq.Snooze")

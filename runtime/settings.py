@@ -11,6 +11,8 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+RetentionSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+"""A keep window: seconds after a row finished before it is pruned; 0 keeps the class forever."""
 
 
 def _default_max_children() -> int:
@@ -56,6 +58,14 @@ class WorkerSettings(BaseSettings):
     metrics_host: str = "127.0.0.1"
     worker_id: str | None = None
     """Default: `<host>:<pid>:<random>`, fixed at startup."""
+    retention_succeeded: RetentionSeconds = 86400.0
+    """Seconds succeeded and cancelled jobs (with their events) are kept after they finish; 0 = forever."""
+    retention_failed: RetentionSeconds = 604800.0
+    """Seconds failed, crashed and abandoned jobs (with their events) are kept after they finish; 0 = forever."""
+    retention_attempts: RetentionSeconds = 2592000.0
+    """Seconds job_attempts rows are kept after their attempt finished (they outlive their jobs); 0 = forever."""
+    prune_interval: Seconds = 60.0
+    """Seconds between two prunes of a worker (each worker prunes; they share the work safely)."""
 
     @field_validator("queues", mode="before")
     @classmethod
