@@ -18,6 +18,7 @@ from taskq.models import (
     JobRow,
     JobStatus,
 )
+from taskq.schedules import Schedule
 from taskq.settings import WorkerSettings
 
 __version__ = "0.1.0"
@@ -38,6 +39,7 @@ __all__ = [
     "JobsClient",
     "NonRetryableError",
     "RetryPolicy",
+    "Schedule",
     "TaskqError",
     "WorkerSettings",
     "actor",

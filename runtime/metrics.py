@@ -36,3 +36,9 @@ WORKER_RESTARTS = Counter("taskq_worker_restarts", "Workers replaced by the supe
 SHUTDOWN_JOBS = Counter(
     "taskq_shutdown_jobs", "Jobs in flight at a worker shutdown, by what became of them", ["outcome"]
 )
+SCHEDULE_SLOTS = Counter("taskq_schedule_slot_jobs", "Slot jobs this worker's scheduler inserted")
+SCHEDULE_TICK = Histogram(
+    "taskq_schedule_tick_duration_seconds",
+    "Duration of one scheduler tick (its one transaction)",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)

@@ -94,6 +94,10 @@ class JobRow(BaseModel):
     error_message: str | None
     progress: Any = None
     parent_id: UUID | None
+    schedule: str | None = None
+    """The schedule that made this job, if one did."""
+    scheduled_for: datetime | None = None
+    """Its nominal slot time (a trigger's own instant)."""
 
     @property
     def is_terminal(self) -> bool:

@@ -25,6 +25,8 @@ from taskq.worker.consumer import Consumers, Hooks
 from taskq.worker.dispatcher import Dispatcher, Listener
 from taskq.worker.heartbeat import Heartbeat
 from taskq.worker.registry import ActiveJob, ActiveJobRegistry
+from taskq.worker.schedule_store import ScheduleStore
+from taskq.worker.scheduler import Scheduler
 from taskq.worker.store import ClaimedJob, WorkerStore
 from taskq.worker.sweeper import Sweeper
 
@@ -37,6 +39,10 @@ LOST_LEASES_FINAL_STEP_BUDGET = 2.0
 """Seconds each final database step (writes, deregistration) may take once the database stopped answering."""
 MARK_STOPPING_BUDGET = 1.0
 """Seconds the stop waits to flag the workers row `stopping` (a courtesy for operators) before going on."""
+
+
+DEFAULT_SCHEDULE_OWNER = "default"
+"""The owner of the schedules of an ActorRegistry that names none (`taskq worker APP` uses APP)."""
 
 
 class ShutdownWatchdog:
@@ -220,11 +226,15 @@ class Worker:
             log.warning("reclaimed %s left running under worker id %s by an earlier process", taken, self.worker_id)
         log.info("worker %s started: queues=%s concurrency=%d actors=%s", self.worker_id, s.queues,
                  s.concurrency, self.actors.names())
+        self.scheduler = Scheduler(ScheduleStore(self.backend), self.actors.schedules(),
+                                   owner=self.actors.owner or DEFAULT_SCHEDULE_OWNER,
+                                   poll_interval=s.schedule_poll_interval)
         services = {
             "completer": loop.create_task(self.completer.run(), name="taskq-completer"),
             "heartbeat": loop.create_task(self.heartbeat.run(), name="taskq-heartbeat"),
             "listener": loop.create_task(self.listener.run(), name="taskq-listener"),
             "sweeper": loop.create_task(self.sweeper.run(), name="taskq-sweeper"),
+            "scheduler": loop.create_task(self.scheduler.run(), name="taskq-scheduler"),
             "dispatcher": loop.create_task(self.dispatcher.run(), name="taskq-dispatcher"),
         }
         from taskq.worker.liveness import LivenessReporter

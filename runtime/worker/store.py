@@ -41,6 +41,7 @@ class ClaimedJob:
     claim_epoch: int
     progress: Any
     schedule_to_close: datetime | None
+    scheduled_for: datetime | None = None
 
 
 @dataclass(slots=True)

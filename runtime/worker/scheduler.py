@@ -1,0 +1,87 @@
+"""The scheduler: makes the slot jobs of the periodic schedules. Runs on every worker, with no leader:
+a tick locks the due schedule rows with SKIP LOCKED, so concurrent schedulers share the work, and the
+slot jobs and the move of each row's next slot commit together, so a slot is never made twice."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+
+from taskq.metrics import SCHEDULE_SLOTS, SCHEDULE_TICK
+from taskq.schedules import Schedule, plan_tick
+from taskq.worker.schedule_store import DueRead, Fire, ScheduleStore
+
+log = logging.getLogger("taskq.scheduler")
+
+TICK_LIMIT = 500
+"""Schedules one tick takes at most; a tick that got this many runs again at once."""
+WAKE_MARGIN = 0.002
+"""Seconds slept past a slot, so that the database's clock has reached it when the tick reads."""
+
+
+def plan_fires(read: DueRead) -> list[Fire]:
+    fires = []
+    for due in read.due:
+        plan = plan_tick(due.spec, due.next_run_at, read.now, misfire=due.misfire, max_catch_up=due.max_catch_up,
+                         misfire_grace=due.misfire_grace, overlap=due.overlap)
+        fires.append(Fire(due.name, plan.slots, plan.missed, plan.next_run_at))
+        if plan.missed:
+            log.warning("schedule %s: %d slot(s) missed (misfire=%s)", due.name, plan.missed, due.misfire)
+    return fires
+
+
+class Scheduler:
+    def __init__(self, store: ScheduleStore, schedules: Sequence[Schedule], *, owner: str,
+                 poll_interval: float) -> None:
+        self.store = store
+        self.schedules = list(schedules)
+        self.owner = owner
+        self.poll_interval = poll_interval
+        self.synced = asyncio.Event()
+
+    async def run(self) -> None:
+        await self._sync()
+        while True:
+            try:
+                delay = await self.tick_once()
+            except Exception as exc:
+                log.warning("schedule tick failed: %s", exc)
+                delay = self.poll_interval
+            await asyncio.sleep(delay)
+
+    async def _sync(self) -> None:
+        """Upsert the code declarations; retried until it works (the database may be down at start)."""
+        delay = min(1.0, self.poll_interval)
+        while True:
+            try:
+                outcome = await self.store.sync(self.schedules, self.owner)
+                break
+            except Exception as exc:
+                log.warning("could not sync the schedule declarations: %s", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+        if outcome.created:
+            log.info("schedules declared: %s", ", ".join(outcome.created))
+        if outcome.changed:
+            log.info("schedules whose slots changed (next slot moved): %s", ", ".join(outcome.changed))
+        if outcome.disabled:
+            log.warning("schedules of %s no longer declared, disabled (not deleted): %s",
+                        self.owner, ", ".join(outcome.disabled))
+        self.synced.set()
+
+    async def tick_once(self) -> float:
+        """One tick; returns the seconds to wait before the next one."""
+        started = time.monotonic()
+        read, fires, inserted = await self.store.tick(TICK_LIMIT, plan_fires)
+        SCHEDULE_TICK.observe(time.monotonic() - started)
+        if inserted:
+            SCHEDULE_SLOTS.inc(inserted)
+        if len(read.due) >= TICK_LIMIT:
+            return 0.0
+        wake = [t for t in (read.upcoming, *(f.next_run_at for f in fires)) if t is not None]
+        if not wake:
+            return self.poll_interval
+        until = (min(wake) - read.now).total_seconds() - (time.monotonic() - started) + WAKE_MARGIN
+        return max(0.0, min(self.poll_interval, until))
