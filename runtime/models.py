@@ -213,3 +213,51 @@ class JobFilter(BaseModel):
         if self.unfinished:
             wanted = (wanted or set(JobStatus)) & UNFINISHED_STATUSES
         return sorted(wanted) if wanted is not None else None
+
+
+class ScheduleInfo(BaseModel):
+    """One row of taskq.schedules as `taskq schedules` shows it. `last_outcome` is the scheduler's last
+    verdict (enqueued, triggered, skipped_overlap, missed); `last_job_status` that job's status now."""
+
+    model_config = _frozen
+
+    name: str
+    actor: str
+    queue: str
+    cron: str | None
+    every_seconds: int | None
+    timezone: str
+    misfire: str
+    overlap: str
+    enabled: bool
+    paused: bool
+    paused_at: datetime | None
+    paused_by: str | None
+    next_run_at: datetime
+    last_run_at: datetime | None
+    last_job_id: UUID | None
+    last_outcome: str | None
+    last_job_status: JobStatus | None
+    missed_total: int
+    owner: str
+    updated_at: datetime
+
+
+class SchedulePauseResult(BaseModel):
+    """What a pause or resume did: `changed` is False when the schedule already was in that state."""
+
+    model_config = _frozen
+
+    name: str
+    paused: bool
+    changed: bool
+
+
+class ScheduleTriggerResult(BaseModel):
+    """The job `trigger` made, outside the slot sequence; `scheduled_for` is the trigger's instant."""
+
+    model_config = _frozen
+
+    name: str
+    job_id: UUID
+    scheduled_for: datetime

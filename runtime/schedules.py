@@ -266,16 +266,20 @@ def plan_tick(
     max_catch_up: int,
     misfire_grace: float,
     overlap: Overlap,
+    resumed_at: datetime | None = None,
 ) -> TickPlan:
     """The slots a tick at `now` makes for a schedule whose next slot is `next_run_at`.
 
     Due slots are those in [next_run_at, now]. One reached within `misfire_grace` seconds of its time is
-    on time and always runs. Older ones misfired: `skip` drops them, `run_once` makes one job (for the
+    on time and always runs, unless it is older than `resumed_at` (it passed while the schedule was
+    paused or disabled). The others misfired: `skip` drops them, `run_once` makes one job (for the
     latest of them), `catch_up` one per slot, the latest `max_catch_up`. With `overlap="skip"` at most
     one job is made (the latest slot), since each would overlap the one before. The next slot is the
     first after `now`: computed from the nominal times, never from when the tick ran."""
     now = now.astimezone(UTC)
     cutoff = now - timedelta(seconds=misfire_grace)
+    if resumed_at is not None and resumed_at > cutoff:
+        cutoff = resumed_at.astimezone(UTC)
     keep = {"skip": 0, "run_once": 1, "catch_up": max_catch_up}[misfire]
     on_time: list[datetime]
     late: list[datetime]

@@ -29,6 +29,9 @@ CREATE TABLE taskq.schedules (
     enabled       boolean     NOT NULL DEFAULT true,
     paused_at     timestamptz,
     paused_by     text,
+    -- set by a resume (and by a re-declaration of a disabled schedule): the slots before it passed while
+    -- nothing was allowed to run them, so they are misfires however recent
+    resumed_at    timestamptz,
     next_run_at   timestamptz NOT NULL,
     last_run_at   timestamptz,
     last_job_id   uuid,

@@ -27,7 +27,7 @@ GRANT USAGE ON SCHEMA taskq TO :"worker_role", :"client_role";
 -- payload, actor, queue or options, nor forge or clear an operator's cancel request.
 GRANT SELECT ON taskq.jobs TO :"worker_role";
 GRANT INSERT (id, actor, queue, payload, status, priority, tags, max_attempts, scheduled_at,
-              schedule_to_close, parent_id)
+              schedule_to_close, parent_id, schedule, scheduled_for)
     ON taskq.jobs TO :"worker_role";
 GRANT UPDATE (status, attempt, claim_epoch, worker_id, lock_expires_at, started_at, finished_at,
               scheduled_at, cancel_phase, result, error_class, error_message, interrupt_count, progress)
@@ -38,6 +38,8 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON taskq.workers TO :"worker_role";
 -- the heartbeat reads and deletes its own lease losses; the trigger that records them runs as the owner
 GRANT SELECT, DELETE ON taskq.lease_losses TO :"worker_role";
 GRANT SELECT ON taskq.schema_migrations TO :"worker_role";
+-- the scheduler: upserts its code's declarations, disables the ones gone, fires slots (never deletes)
+GRANT SELECT, INSERT, UPDATE ON taskq.schedules TO :"worker_role";
 
 -- CLIENT (JobsClient and the CLI's enqueue, cancel, jobs, job): enqueue, cancel, read.
 -- It inserts only the columns of a new job (so only a pending or scheduled row: the CHECK constraints
@@ -46,12 +48,16 @@ GRANT SELECT ON taskq.schema_migrations TO :"worker_role";
 -- a result, touch attempts or the worker registry, delete anything or change the schema.
 GRANT SELECT ON taskq.jobs TO :"client_role";
 GRANT INSERT (id, actor, queue, payload, status, priority, tags, max_attempts, scheduled_at,
-              schedule_to_close, parent_id)
+              schedule_to_close, parent_id, schedule, scheduled_for)
     ON taskq.jobs TO :"client_role";
 GRANT UPDATE (status, cancel_phase, cancel_requested_at, cancel_reason, error_class, finished_at)
     ON taskq.jobs TO :"client_role";
 GRANT SELECT, INSERT ON taskq.job_events TO :"client_role";
 GRANT SELECT ON taskq.job_attempts TO :"client_role";
 GRANT SELECT ON taskq.schema_migrations TO :"client_role";
+-- `taskq schedules`, `taskq schedule pause|resume|trigger`: read, the pause columns, the trigger's bookkeeping
+GRANT SELECT ON taskq.schedules TO :"client_role";
+GRANT UPDATE (paused_at, paused_by, resumed_at, last_job_id, last_run_at, last_outcome, updated_at)
+    ON taskq.schedules TO :"client_role";
 
 COMMIT;

@@ -366,7 +366,8 @@ ON CONFLICT (name) DO UPDATE SET
     every_seconds = excluded.every_seconds, timezone = excluded.timezone, misfire = excluded.misfire,
     max_catch_up = excluded.max_catch_up, misfire_grace = excluded.misfire_grace, overlap = excluded.overlap,
     next_run_at = CASE WHEN s.definition = excluded.definition THEN s.next_run_at ELSE excluded.next_run_at END,
-    definition = excluded.definition, owner = excluded.owner, enabled = true, updated_at = now()
+    definition = excluded.definition, owner = excluded.owner, enabled = true, updated_at = now(),
+    resumed_at = CASE WHEN s.enabled THEN s.resumed_at ELSE now() END
 WHERE (s.actor, s.queue, s.payload, s.priority, s.tags, s.max_attempts, s.definition, s.misfire,
        s.max_catch_up, s.misfire_grace, s.overlap, s.owner, s.enabled)
       IS DISTINCT FROM
@@ -386,7 +387,8 @@ RETURNING name;
 -- tell the database's clock and the next slot of the others, to know when to wake. Always one row at
 -- least (NULL schedule columns when nothing is due).
 WITH due AS (
-    SELECT name, cron, every_seconds, timezone, misfire, max_catch_up, misfire_grace, overlap, next_run_at
+    SELECT name, cron, every_seconds, timezone, misfire, max_catch_up, misfire_grace, overlap, next_run_at,
+           resumed_at
     FROM taskq.schedules
     WHERE enabled AND paused_at IS NULL AND next_run_at <= now()
     ORDER BY next_run_at
@@ -397,7 +399,7 @@ SELECT now() AS now,
        (SELECT min(next_run_at) FROM taskq.schedules
         WHERE enabled AND paused_at IS NULL AND next_run_at > now()) AS upcoming,
        due.name, due.cron, due.every_seconds, due.timezone, due.misfire, due.max_catch_up, due.misfire_grace,
-       due.overlap, due.next_run_at
+       due.overlap, due.next_run_at, due.resumed_at
 FROM (SELECT 1) AS one
 LEFT JOIN due ON true;
 

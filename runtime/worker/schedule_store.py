@@ -25,6 +25,7 @@ class DueSchedule:
     misfire_grace: float
     overlap: Overlap
     next_run_at: datetime
+    resumed_at: datetime | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,8 +94,8 @@ class ScheduleStore:
         cur = await conn.execute(sql.query("schedule_due"), {"limit": limit})
         rows = await cur.fetchall()
         due = [
-            DueSchedule(name, SlotSpec(cron, every, tz), misfire, max_catch_up, grace, overlap, next_run_at)
-            for _, _, name, cron, every, tz, misfire, max_catch_up, grace, overlap, next_run_at in rows
+            DueSchedule(name, SlotSpec(cron, every, tz), misfire, max_catch_up, grace, overlap, next_run_at, resumed)
+            for _, _, name, cron, every, tz, misfire, max_catch_up, grace, overlap, next_run_at, resumed in rows
             if name is not None
         ]
         return DueRead(now=rows[0][0], upcoming=rows[0][1], due=due)

@@ -25,7 +25,7 @@ def plan_fires(read: DueRead) -> list[Fire]:
     fires = []
     for due in read.due:
         plan = plan_tick(due.spec, due.next_run_at, read.now, misfire=due.misfire, max_catch_up=due.max_catch_up,
-                         misfire_grace=due.misfire_grace, overlap=due.overlap)
+                         misfire_grace=due.misfire_grace, overlap=due.overlap, resumed_at=due.resumed_at)
         fires.append(Fire(due.name, plan.slots, plan.missed, plan.next_run_at))
         if plan.missed:
             log.warning("schedule %s: %d slot(s) missed (misfire=%s)", due.name, plan.missed, due.misfire)

@@ -1,0 +1,79 @@
+"""`taskq schedules` and `taskq schedule pause|resume|trigger NAME`: the CLI face of taskq.schedule_admin.
+Registered in taskq.cli's COMMANDS; errors follow its contract (2 usage, 4 no such schedule)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from taskq import cli_output
+from taskq.client import JobsClient
+from taskq.exceptions import ScheduleNotFound
+from taskq.models import ScheduleInfo
+from taskq.schedule_admin import check_schedule_name
+
+ACTIONS = ("pause", "resume", "trigger")
+SCHEDULE_COLUMNS = ("name", "schedule", "timezone", "next run (UTC)", "last run (UTC)", "last outcome", "enabled")
+
+
+def describe(s: ScheduleInfo) -> str:
+    return s.cron if s.cron is not None else f"every {s.every_seconds}s"
+
+
+def state(s: ScheduleInfo) -> str:
+    if not s.enabled:
+        return "no (gone from code)"
+    return "paused" if s.paused else "yes"
+
+
+def outcome(s: ScheduleInfo) -> str | None:
+    """The last job's status when the last tick made one; otherwise what the scheduler decided."""
+    if s.last_outcome in ("enqueued", "triggered") and s.last_job_status is not None:
+        return s.last_job_status.value
+    return s.last_outcome
+
+
+def schedules_table(rows: Sequence[ScheduleInfo]) -> str:
+    if not rows:
+        return "no schedules (declare them in the APP a worker runs)"
+    return cli_output.table(
+        SCHEDULE_COLUMNS,
+        [(s.name, describe(s), s.timezone, cli_output.when(s.next_run_at), cli_output.when(s.last_run_at),
+          outcome(s), state(s)) for s in rows],
+    )
+
+
+def cmd_schedules(args: argparse.Namespace) -> int:
+    from taskq.cli import ExitCode, emit, with_client
+
+    async def body(client: JobsClient) -> int:
+        rows = await client.list_schedules()
+        emit(cli_output.to_json(rows) if args.json else schedules_table(rows))
+        return ExitCode.OK
+
+    return with_client(args, body)
+
+
+def cmd_schedule(args: argparse.Namespace) -> int:
+    from taskq.cli import ExitCode, NotFound, emit, with_client
+
+    name = check_schedule_name(args.name)  # a bad name is a usage error before any connection
+
+    async def body(client: JobsClient) -> int:
+        try:
+            if args.action == "trigger":
+                made = await client.trigger_schedule(name)
+                emit(cli_output.to_json(made) if args.json else str(made.job_id))
+            else:
+                result = await (client.pause_schedule(name) if args.action == "pause"
+                                else client.resume_schedule(name))
+                if args.json:
+                    emit(cli_output.to_json(result))
+                else:
+                    verb = "paused" if result.paused else "resumed"
+                    emit(f"{name}: {verb}" if result.changed else f"{name}: already {verb}")
+        except ScheduleNotFound as exc:
+            raise NotFound(str(exc)) from None
+        return ExitCode.OK
+
+    return with_client(args, body)
