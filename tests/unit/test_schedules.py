@@ -51,7 +51,8 @@ def test_schedule_declares_cron_in_a_zone_with_a_validated_payload() -> None:
 
 
 def test_schedule_takes_every_as_timedelta_or_seconds() -> None:
-    assert Schedule(name="a", actor=build_report, every=timedelta(minutes=5), payload={"region": "x"}).every_seconds == 300
+    five_minutes = Schedule(name="a", actor=build_report, every=timedelta(minutes=5), payload={"region": "x"})
+    assert five_minutes.every_seconds == 300
     assert Schedule(name="b", actor=build_report, every=10, payload={"region": "x"}).every_seconds == 10
 
 
