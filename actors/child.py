@@ -329,8 +329,8 @@ class _ChildJobs:
         if isinstance(target, Actor):
             payload = target.payload_adapter.dump_python(target.validate_payload(payload), mode="json")
             target = target.name
-        row = self._ctx._child.request("enqueue", self._ctx._job, target, payload, options)
-        return JobHandle(row.id, client=None, row=row)
+        row, created = self._ctx._child.request("enqueue", self._ctx._job, target, payload, options)
+        return JobHandle(row.id, client=None, row=row, created=created)
 
     enqueue_sync = enqueue
 

@@ -396,7 +396,7 @@ class ProcessExecutor:
             else:
                 target, payload, options = args
                 handle = await entry.ctx.jobs.enqueue(target, payload, **options)
-                value = handle.row
+                value = (handle.row, handle.created)
         except Exception as exc:
             error = pickle_exception(exc) or pickle_exception(RuntimeError(f"{type(exc).__name__}: {exc}"))
         if child.key == key:

@@ -24,7 +24,7 @@ from pydantic_core import from_json
 
 from taskq import sql
 from taskq.dsn import redact_dsn
-from taskq.exceptions import DatabaseUnavailable, SchemaNotReady, SchemaTooNew
+from taskq.exceptions import DatabaseUnavailable, SchemaNotReady, SchemaTooNew, UniqueKeyContention
 from taskq.models import (
     BulkCancelResult,
     JobAttempt,
@@ -38,6 +38,9 @@ from taskq.models import (
 __all__ = ["Backend", "InsertedJob", "JobBatch", "JobInsert", "JobRow", "connect_error", "uuid7", "uuid7_many"]
 
 JOBS_CHANNEL = "taskq_jobs"
+# a unique enqueue whose holder ended between the insert and the lookup tries again; each round needs
+# a holder to finish within one round trip, so a few tries are plenty
+UNIQUE_INSERT_TRIES = 5
 CANCEL_CHANNEL = "taskq_cancel"
 
 
@@ -132,11 +135,14 @@ class JobOptions:
 
 @dataclass(frozen=True, slots=True)
 class JobInsert:
-    """One job to write: the payload is already validated and encoded as JSON text."""
+    """One job to write: the payload is already validated and encoded as JSON text. With `unique_key`,
+    the write is skipped when another job holds the key (`unique_scope`: 'active' or 'retained')."""
 
     id: UUID
     payload_json: str
     options: JobOptions
+    unique_key: str | None = None
+    unique_scope: str | None = None
 
     def params(self) -> dict[str, Any]:
         return self.options.params() | {"id": self.id, "payload": self.payload_json}
@@ -144,11 +150,14 @@ class JobInsert:
 
 @dataclass(frozen=True, slots=True)
 class JobBatch:
-    """Jobs that share every option and differ only in id and payload (one `enqueue_many` call)."""
+    """Jobs that share every option and differ only in id and payload (one `enqueue_many` call).
+    `unique_keys`, when given, has one key (or None) per job, all of scope `unique_scope`."""
 
     ids: list[UUID]
     payloads_json: list[str]
     options: JobOptions
+    unique_keys: list[str | None] | None = None
+    unique_scope: str | None = None
 
     def params(self) -> dict[str, Any]:
         return self.options.params() | {"ids": self.ids, "payloads": self.payloads_json}
@@ -178,8 +187,20 @@ class InsertedJob:
     scheduled_at: datetime
     schedule_to_close: datetime | None
     created_at: datetime
+    holder: JobRow | None = None
+    """For a unique enqueue that wrote nothing: the job that holds the key."""
+
+    @property
+    def created(self) -> bool:
+        return self.holder is None
+
+    @property
+    def job_id(self) -> UUID:
+        return self.job.id if self.holder is None else self.holder.id
 
     def row(self) -> JobRow:
+        if self.holder is not None:
+            return self.holder
         job = self.job
         opts = job.options
         return JobRow.model_validate(  # faster than model_construct, and checked
@@ -210,6 +231,9 @@ class InsertedJob:
                 error_message=None,
                 progress=None,
                 parent_id=opts.parent_id,
+                unique_key=job.unique_key,
+                unique_scope=job.unique_scope,
+                requeue_count=0,
             )
         )
 
@@ -308,6 +332,8 @@ class Backend:
     @_reports_outage
     async def job_insert_deferred(self, job: JobInsert, *, conn: AsyncConnection[Any] | None = None) -> InsertedJob:
         """`job_insert`, leaving the JobRow to be built by the caller if it wants it."""
+        if job.unique_key is not None:
+            return await self._job_insert_unique(job, conn)
         if conn is not None:
             # the caller's connection may have a row factory of its own
             async with conn.cursor(row_factory=tuple_row) as cur:
@@ -326,11 +352,58 @@ class Backend:
         status, scheduled_at, schedule_to_close, created_at, _ = written
         return InsertedJob(job, status, scheduled_at, schedule_to_close, created_at)
 
+    async def _job_insert_unique(self, job: JobInsert, conn: AsyncConnection[Any] | None) -> InsertedJob:
+        if conn is not None:
+            return await self._insert_unique_on(conn, job)
+        pconn = await self.pool.getconn()  # see job_insert_deferred
+        try:
+            return await self._insert_unique_on(pconn, job)
+        finally:
+            await self.pool.putconn(pconn)
+
+    async def _insert_unique_on(self, conn: AsyncConnection[Any], job: JobInsert) -> InsertedJob:
+        """INSERT ... ON CONFLICT DO NOTHING; when it skipped, find the holder in a second statement (a
+        fresh snapshot, so a holder committed while the insert waited is seen). A holder that ended in
+        between (scope 'active' frees its key) lets the insert try again."""
+        params = job.params() | {"unique_key": job.unique_key, "unique_scope": job.unique_scope}
+        async with conn.cursor(row_factory=tuple_row) as cur:
+            for _ in range(UNIQUE_INSERT_TRIES):
+                await cur.execute(sql.query("job_insert_unique"), params)
+                written = await cur.fetchone()
+                if written is not None:
+                    status, scheduled_at, schedule_to_close, created_at, _ = written
+                    return InsertedJob(job, status, scheduled_at, schedule_to_close, created_at)
+                holder = await self._unique_holder(conn, job.unique_key)
+                if holder is not None:
+                    return InsertedJob(job, holder.status, holder.scheduled_at, None, holder.created_at, holder)
+        raise UniqueKeyContention(
+            f"unique key {job.unique_key!r}: its holder kept ending between insert and lookup "
+            f"({UNIQUE_INSERT_TRIES} tries); try again"
+        )
+
+    @staticmethod
+    async def _unique_holder(conn: AsyncConnection[Any], key: str | None) -> JobRow | None:
+        async with conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(sql.query("job_unique_holder"), {"unique_key": key})
+            row = await cur.fetchone()
+        return row_to_job(row) if row else None
+
     @_reports_outage
-    async def job_insert_many(self, batch: JobBatch, *, conn: AsyncConnection[Any] | None = None) -> None:
-        """Insert a batch with one statement (and one NOTIFY if it is due)."""
+    async def job_insert_many(
+        self, batch: JobBatch, *, conn: AsyncConnection[Any] | None = None
+    ) -> dict[int, UUID] | None:
+        """Insert a batch with one statement (and one NOTIFY if it is due). With unique keys, returns
+        {index in the batch: holder id} for the jobs it did not write (None without keys)."""
         if not batch.ids:
-            return
+            return None
+        if batch.unique_keys is not None:
+            if conn is not None:
+                return await self._insert_many_unique_on(conn, batch)
+            pconn = await self.pool.getconn()
+            try:
+                return await self._insert_many_unique_on(pconn, batch)
+            finally:
+                await self.pool.putconn(pconn)
         if conn is not None:
             await conn.execute(sql.query("job_insert_many"), batch.params())
         else:
@@ -339,6 +412,47 @@ class Backend:
                 await pconn.execute(sql.query("job_insert_many"), batch.params())
             finally:
                 await self.pool.putconn(pconn)
+        return None
+
+    async def _insert_many_unique_on(self, conn: AsyncConnection[Any], batch: JobBatch) -> dict[int, UUID]:
+        """The batch with ON CONFLICT DO NOTHING, then the holders of the keys it skipped (which may be
+        jobs of this same batch: the first of two equal keys wins). Without autocommit the whole loop is
+        one transaction; on the pool's autocommit connection the first statement commits the rows it
+        wrote and only the lookup of holders can repeat."""
+        assert batch.unique_keys is not None
+        keys = batch.unique_keys
+        pending = list(range(len(batch.ids)))
+        skipped: dict[int, UUID] = {}
+        for _ in range(UNIQUE_INSERT_TRIES):
+            params = batch.options.params() | {
+                "ids": [batch.ids[i] for i in pending],
+                "payloads": [batch.payloads_json[i] for i in pending],
+                "unique_keys": [keys[i] for i in pending],
+                "unique_scope": batch.unique_scope,
+            }
+            cur = await conn.execute(sql.query("job_insert_many_unique"), params)
+            row = await cur.fetchone()
+            written = set(row[0] or ()) if row else set()
+            missing = [i for i in pending if batch.ids[i] not in written]
+            if not missing:
+                return skipped
+            wanted = sorted({k for i in missing if (k := keys[i]) is not None})
+            cur = await conn.execute(sql.query("job_unique_holders"), {"unique_keys": wanted})
+            holders = {key: job_id for key, job_id in await cur.fetchall()}
+            pending = []
+            for i in missing:
+                key = keys[i]
+                holder = holders.get(key) if key is not None else None
+                if holder is not None:
+                    skipped[i] = holder
+                else:
+                    pending.append(i)
+            if not pending:
+                return skipped
+        raise UniqueKeyContention(
+            f"{len(pending)} unique keys: their holders kept ending between insert and lookup "
+            f"({UNIQUE_INSERT_TRIES} tries); try again"
+        )
 
     # -- reads -----------------------------------------------------------------------------------
 

@@ -65,7 +65,7 @@ from taskq.exceptions import (
     TaskqError,
 )
 from taskq.migrations import migrate_dsn
-from taskq.models import JobFilter, JobStatus
+from taskq.models import UNIQUE_SCOPES, JobFilter, JobStatus
 
 PROG = "taskq"
 ERROR_PREFIX = f"{PROG}: error: "
@@ -257,6 +257,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         "scheduled_at": args.at,
         "max_attempts": args.max_attempts,
         "schedule_to_close": args.schedule_to_close,
+        "unique_key": args.unique_key,
+        "unique_scope": args.unique_scope,
     }
     # every check enqueue makes, before touching the database: a bad value is a usage error even offline
     prepare_insert(
@@ -266,7 +268,13 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     async def body(client: JobsClient) -> int:
         handle = await client.enqueue(args.actor, payload, **options)
         assert handle.row is not None
-        emit(cli_output.to_json(handle.row) if args.json else str(handle.job_id))
+        if args.json:
+            emit(cli_output.to_json({**handle.row.model_dump(mode="json"), "created": handle.created}))
+        else:
+            emit(str(handle.job_id))
+            if not handle.created:
+                print(f"{PROG}: note: unique key held by this existing job ({handle.row.status.value}); "
+                      "nothing written", file=sys.stderr, flush=True)
         return ExitCode.OK
 
     return with_client(args, body)
@@ -407,6 +415,11 @@ COMMANDS: tuple[Command, ...] = (
                 help="attempts before the job fails (default 3)"),
             arg("--schedule-to-close", type=seconds_arg, metavar="SECONDS",
                 help="the job must finish within SECONDS of now, retries included"),
+            arg("--unique-key", metavar="KEY",
+                help="write nothing if another job holds KEY; print that job's id instead (note on stderr)"),
+            arg("--unique-scope", choices=list(UNIQUE_SCOPES), default="active",
+                help="how long a job holds its key: 'active' (default) while pending, scheduled or running; "
+                "'retained' for as long as its row is kept"),
             JSON_ARG,
         ),
     ),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import math
 import re
 import weakref
@@ -25,6 +27,7 @@ from taskq.exceptions import ConfigurationError, JobFailed, PayloadInvalid, Payl
 from taskq.metrics import CANCELLATION_REQUESTED
 from taskq.models import (
     FAILURE_STATUSES,
+    UNIQUE_SCOPES,
     BulkCancelResult,
     CancelResult,
     JobAttempt,
@@ -105,6 +108,43 @@ def check_reason(reason: str | None) -> str | None:
             "reason must be text of at most 10,000 characters of valid Unicode without NUL"
         )
     return reason
+
+
+def check_unique_scope(unique_scope: str) -> str:
+    if not isinstance(unique_scope, str) or unique_scope not in UNIQUE_SCOPES:
+        raise ConfigurationError(f"unique_scope must be 'active' or 'retained', got {unique_scope!r}")
+    return unique_scope
+
+
+def check_unique_key(unique_key: object) -> str:
+    """A given unique key: 1-255 characters of valid Unicode without NUL (bytes are refused: decode them)."""
+    if isinstance(unique_key, bytes | bytearray):
+        raise ConfigurationError("unique_key must be text (str), not bytes: decode it first")
+    if not isinstance(unique_key, str):
+        raise ConfigurationError(f"unique_key must be a string or True, got {unique_key!r}")
+    return _check_text("unique_key", unique_key)
+
+
+def derive_unique_key(actor: str, queue: str, payload_json: str) -> str:
+    """`unique_key=True`: a digest of the actor, the queue and the canonical JSON (sorted keys, no
+    spaces) of the validated payload, so equal payloads give equal keys whatever their key order."""
+    canonical = json.dumps(from_json(payload_json), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    digest = hashlib.sha256(json.dumps([actor, queue, canonical], ensure_ascii=False).encode()).hexdigest()
+    return f"sha256:{digest}"
+
+
+def unique_of(
+    unique_key: str | bool | None, unique_scope: str, actor: str, queue: str, payload_json: str
+) -> tuple[str | None, str | None]:
+    """The (key, scope) to store for one job: (None, None) without a key."""
+    scope = check_unique_scope(unique_scope)
+    if unique_key is None:
+        if scope != "active":
+            raise ConfigurationError("unique_scope='retained' needs a unique_key")
+        return None, None
+    if unique_key is True:
+        return derive_unique_key(actor, queue, payload_json), scope
+    return check_unique_key(unique_key), scope
 
 
 def encode_payload(actor: Actor[Any, Any] | None, name: str, payload: Any, max_bytes: int) -> str:
@@ -239,22 +279,56 @@ def prepare_insert(
     max_attempts: int | None = None,
     schedule_to_close: float | timedelta | None = None,
     parent_id: UUID | None = None,
+    unique_key: str | bool | None = None,
+    unique_scope: str = "active",
 ) -> JobInsert:
-    """Everything enqueue checks before any write: the payload, names, tags, times and limits."""
+    """Everything enqueue checks before any write: the payload, names, tags, times, limits and key."""
     actor, opts = _check_options(
         target, registry, queue=queue, priority=priority, tags=tags, scheduled_at=scheduled_at,
         max_attempts=max_attempts, schedule_to_close=schedule_to_close,
     )
     if parent_id is not None:
         opts = replace(opts, parent_id=parent_id)
-    return JobInsert(
-        id=uuid7(), payload_json=encode_payload(actor, opts.actor, payload, max_payload_bytes), options=opts
-    )
+    payload_json = encode_payload(actor, opts.actor, payload, max_payload_bytes)
+    if unique_key is None and unique_scope == "active":
+        return JobInsert(id=uuid7(), payload_json=payload_json, options=opts)
+    key, scope = unique_of(unique_key, unique_scope, opts.actor, opts.queue, payload_json)
+    return JobInsert(id=uuid7(), payload_json=payload_json, options=opts, unique_key=key, unique_scope=scope)
+
+
+def batch_unique_keys(
+    unique_key: str | bool | Sequence[str | None] | None, unique_scope: str, opts: JobOptions, encoded: list[str]
+) -> list[str | None] | None:
+    """One key (or None) per payload of an enqueue_many call; None when no payload has a key."""
+    if check_unique_scope(unique_scope) != "active" and unique_key is None:
+        raise ConfigurationError("unique_scope='retained' needs a unique_key")
+    if unique_key is None:
+        return None
+    if unique_key is True:
+        return [derive_unique_key(opts.actor, opts.queue, p) for p in encoded]
+    if isinstance(unique_key, str | bytes | bytearray):
+        key = check_unique_key(unique_key)
+        return [key] * len(encoded)
+    if not isinstance(unique_key, Sequence):
+        raise ConfigurationError(f"unique_key must be a string, True or one key per payload, got {unique_key!r}")
+    if len(unique_key) != len(encoded):
+        raise ConfigurationError(
+            f"unique_key has {len(unique_key)} keys for {len(encoded)} payloads: give one per payload (None for none)"
+        )
+    keys = [None if k is None else check_unique_key(k) for k in unique_key]
+    return keys if any(k is not None for k in keys) else None
+
+
+def _offset(start: int, skipped: dict[int, UUID] | None) -> dict[int, UUID]:
+    return {start + i: holder for i, holder in (skipped or {}).items()}
 
 
 class JobHandle(Generic[R]):
     """A job by id. `row` is the row as last read (None until read). Handles made inside an actor
-    (`ctx.jobs.enqueue`) have no client: cancel() and wait() raise RuntimeError there."""
+    (`ctx.jobs.enqueue`) have no client: cancel() and wait() raise RuntimeError there.
+
+    `created` is True when the call that returned the handle wrote the job, False when a unique
+    enqueue found its key held and returned the holder instead (and for `JobsClient.get`)."""
 
     def __init__(
         self,
@@ -264,8 +338,10 @@ class JobHandle(Generic[R]):
         row: JobRow | None = None,
         result_adapter: TypeAdapter[R] | None = None,
         row_loader: Callable[[], JobRow] | None = None,
+        created: bool = True,
     ) -> None:
         self.job_id = job_id
+        self.created = created
         self._row = row
         # enqueue knows the whole row it wrote, but building the model costs as much Python as the
         # insert itself, and most producers never look at it: build it on first access
@@ -287,7 +363,7 @@ class JobHandle(Generic[R]):
 
     def __repr__(self) -> str:
         status = self.row.status if self.row else "?"
-        return f"JobHandle({self.job_id}, {status})"
+        return f"JobHandle({self.job_id}, {status}{'' if self.created else ', created=False'})"
 
     def _require_client(self) -> JobsClient:
         if self._client is None:
@@ -402,14 +478,25 @@ class JobsClient:
         max_attempts: int | None = None,
         schedule_to_close: float | timedelta | None = None,
         connection: AsyncConnection[Any] | None = None,
+        unique_key: str | bool | None = None,
+        unique_scope: str = "active",
     ) -> JobHandle[R]:
         """Validate then write one job. With `connection`, the insert joins that connection's open
-        transaction (commit or roll back with your own data); otherwise it commits at once."""
+        transaction (commit or roll back with your own data); otherwise it commits at once.
+
+        `unique_key` (a string, or True to derive it from the actor, queue and payload): when another job
+        holds the key, nothing is written and the handle is that job's, with `created` False. Scope
+        'active' (default) holds the key while the job is pending, scheduled or running; 'retained'
+        for as long as its row is kept, whatever its status."""
         job = self._prepare(
             target, payload, queue=queue, priority=priority, tags=tags, scheduled_at=scheduled_at,
-            max_attempts=max_attempts, schedule_to_close=schedule_to_close,
+            max_attempts=max_attempts, schedule_to_close=schedule_to_close, unique_key=unique_key,
+            unique_scope=unique_scope,
         )
         inserted = await self.backend.job_insert_deferred(job, conn=connection)
+        if inserted.holder is not None:
+            return JobHandle(inserted.holder.id, client=self, row=inserted.holder, created=False,
+                             result_adapter=self._adapter(inserted.holder.actor))
         return JobHandle(job.id, client=self, row_loader=inserted.row, result_adapter=self._adapter(target))
 
     async def enqueue_many(
@@ -425,9 +512,16 @@ class JobsClient:
         schedule_to_close: float | timedelta | None = None,
         connection: AsyncConnection[Any] | None = None,
         chunk_size: int = 5000,
+        unique_key: str | bool | Sequence[str | None] | None = None,
+        unique_scope: str = "active",
     ) -> list[JobHandle[R]]:
         """Validate every payload first, then write them all in one transaction (statements of at most
-        `chunk_size` rows). One invalid payload writes nothing."""
+        `chunk_size` rows). One invalid payload writes nothing.
+
+        `unique_key`: True derives each job's key from its payload; a sequence gives one key (or None)
+        per payload; a string is one key for all (so at most one job is written). Each handle reports
+        `created` for its own item; a skipped item's handle is the holder's (a job of this same call
+        when two items share a key: the first one wins)."""
         actor, opts = _check_options(
             target, self.registry, queue=queue, priority=priority, tags=tags, scheduled_at=scheduled_at,
             max_attempts=max_attempts, schedule_to_close=schedule_to_close,
@@ -436,22 +530,32 @@ class JobsClient:
             raise ConfigurationError(f"chunk_size must be a positive int, got {chunk_size!r}")
         items = payloads if isinstance(payloads, list) else list(payloads)
         encoded = encode_payloads(actor, opts.actor, items, self.max_payload_bytes)
+        keys = batch_unique_keys(unique_key, unique_scope, opts, encoded)
         ids = uuid7_many(len(encoded))
         batches = [
-            JobBatch(ids=ids[i : i + chunk_size], payloads_json=encoded[i : i + chunk_size], options=opts)
+            JobBatch(ids=ids[i : i + chunk_size], payloads_json=encoded[i : i + chunk_size], options=opts,
+                     unique_keys=None if keys is None else keys[i : i + chunk_size],
+                     unique_scope=None if keys is None else unique_scope)
             for i in range(0, len(encoded), chunk_size)
         ]
+        skipped: dict[int, UUID] = {}
         if connection is not None:
-            for batch in batches:
-                await self.backend.job_insert_many(batch, conn=connection)
+            for start, batch in zip(range(0, len(encoded), chunk_size), batches, strict=True):
+                skipped |= _offset(start, await self.backend.job_insert_many(batch, conn=connection))
         elif len(batches) == 1:
-            await self.backend.job_insert_many(batches[0])
+            skipped = await self.backend.job_insert_many(batches[0]) or {}
         elif batches:
             async with self.backend.pool.connection() as conn, conn.transaction():
-                for batch in batches:
-                    await self.backend.job_insert_many(batch, conn=conn)
+                for start, batch in zip(range(0, len(encoded), chunk_size), batches, strict=True):
+                    skipped |= _offset(start, await self.backend.job_insert_many(batch, conn=conn))
         adapter = self._adapter(target)
-        return [JobHandle(job_id, client=self, result_adapter=adapter) for job_id in ids]
+        if not skipped:
+            return [JobHandle(job_id, client=self, result_adapter=adapter) for job_id in ids]
+        return [
+            JobHandle(skipped[i], client=self, result_adapter=adapter, created=False) if i in skipped
+            else JobHandle(job_id, client=self, result_adapter=adapter)
+            for i, job_id in enumerate(ids)
+        ]
 
     async def get(self, job_id: UUID | str, *, result_adapter: TypeAdapter[R] | None = None) -> JobHandle[R] | None:
         """The job's handle with `.row` freshly read, or None if no such job exists."""
@@ -459,7 +563,7 @@ class JobsClient:
         if row is None:
             return None
         adapter = result_adapter if result_adapter is not None else self._adapter(row.actor)
-        return JobHandle(row.id, client=self, row=row, result_adapter=adapter)
+        return JobHandle(row.id, client=self, row=row, result_adapter=adapter, created=False)
 
     async def list_jobs(self, flt: JobFilter | None = None, *, limit: int = 100) -> list[JobRow]:
         """Matching jobs, newest first."""

@@ -48,6 +48,11 @@ class PayloadTooLarge(PayloadInvalid):
     """A payload's JSON encoding exceeds the client's `max_payload_bytes`; nothing was written."""
 
 
+class UniqueKeyContention(TaskqError):
+    """A unique enqueue found its key taken, but the holder kept ending before it could be read, several
+    times in a row. Nothing was written; the call can simply be made again."""
+
+
 class ResultInvalid(TaskqError, ValueError):
     """An actor returned a value that does not validate against, or serialise as, its result type."""
 

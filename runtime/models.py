@@ -94,6 +94,9 @@ class JobRow(BaseModel):
     error_message: str | None
     progress: Any = None
     parent_id: UUID | None
+    unique_key: str | None = None
+    unique_scope: str | None = None
+    requeue_count: int = 0
     schedule: str | None = None
     """The schedule that made this job, if one did."""
     scheduled_for: datetime | None = None
@@ -167,6 +170,41 @@ class BulkCancelResult(BaseModel):
     def running_requested(self) -> int:
         """Running jobs that now carry a cooperative cancel request (cancel_phase 1)."""
         return self.by_previous_status.get(JobStatus.RUNNING, 0)
+
+
+# statuses an operator may requeue from: the failure endings (a deploy may have fixed the cause)
+REQUEUEABLE_STATUSES: frozenset[JobStatus] = frozenset({JobStatus.FAILED, JobStatus.CRASHED, JobStatus.ABANDONED})
+UNIQUE_SCOPES: tuple[str, ...] = ("active", "retained")
+
+
+class RequeueResult(BaseModel):
+    """What `JobsClient.requeue()` did. `requeued` is False when the job was not in a failure status
+    (nothing changed) or when another job holds its unique key (`conflict_job_id` names that job)."""
+
+    model_config = _frozen
+
+    job_id: UUID
+    previous_status: JobStatus
+    new_status: JobStatus
+    requeued: bool
+    conflict_job_id: UUID | None = None
+
+
+class BulkRequeueResult(BaseModel):
+    """What `JobsClient.requeue_where()` did: requeued jobs counted by the status each had, the ids it
+    requeued, and the failed jobs left alone because another job holds their unique key."""
+
+    model_config = _frozen
+
+    by_previous_status: dict[JobStatus, int]
+    job_ids: tuple[UUID, ...]
+    conflicts: dict[UUID, UUID] = {}
+    """Job left unchanged -> the job that holds its unique key."""
+    batches: int
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_previous_status.values())
 
 
 NonEmptyStr = Annotated[str, StringConstraints(min_length=1, max_length=255)]

@@ -54,6 +54,56 @@ SELECT count(*) AS inserted,
        (CASE WHEN bool_or(status = 'pending') THEN pg_notify('taskq_jobs', %(queue)s::text) END) IS NULL AS _n
 FROM ins;
 
+-- name: job_insert_unique
+-- job_insert for a job with a unique key: writes nothing (returns no row) when another job holds the
+-- key in jobs_unique_key_idx. The conflict target names that index by its column and predicate.
+INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
+                        scheduled_at, schedule_to_close, parent_id, unique_key, unique_scope)
+VALUES (%(id)s, %(actor)s, %(queue)s, %(payload)s::jsonb,
+        CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
+        %(priority)s, %(tags)s::text[], %(max_attempts)s,
+        greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
+        now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s,
+        %(unique_key)s, %(unique_scope)s)
+ON CONFLICT (unique_key)
+    WHERE unique_key IS NOT NULL AND (unique_scope = 'retained' OR status IN ('pending', 'scheduled', 'running'))
+    DO NOTHING
+RETURNING status, scheduled_at, schedule_to_close, created_at,
+          (CASE WHEN status = 'pending' THEN pg_notify('taskq_jobs', queue) END) IS NULL AS _n;
+
+-- name: job_unique_holder
+-- The job a new row with this key conflicts with (at most one, by jobs_unique_key_idx).
+SELECT * FROM taskq.jobs
+WHERE unique_key = %(unique_key)s
+  AND (unique_scope = 'retained' OR status IN ('pending', 'scheduled', 'running'));
+
+-- name: job_insert_many_unique
+-- job_insert_many with one unique key (or NULL) per job; returns the ids it wrote.
+WITH ins AS (
+    INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
+                            scheduled_at, schedule_to_close, parent_id, unique_key, unique_scope)
+    SELECT u.id, %(actor)s::text, %(queue)s::text, u.payload::jsonb,
+           CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
+           %(priority)s::int, %(tags)s::text[], %(max_attempts)s::int,
+           greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
+           now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s::uuid,
+           u.key, CASE WHEN u.key IS NOT NULL THEN %(unique_scope)s::text END
+    FROM unnest(%(ids)b::uuid[], %(payloads)b::text[], %(unique_keys)b::text[]) AS u(id, payload, key)
+    ON CONFLICT (unique_key)
+        WHERE unique_key IS NOT NULL AND (unique_scope = 'retained' OR status IN ('pending', 'scheduled', 'running'))
+        DO NOTHING
+    RETURNING id, status
+)
+SELECT array_agg(id) AS written,
+       (CASE WHEN bool_or(status = 'pending') THEN pg_notify('taskq_jobs', %(queue)s::text) END) IS NULL AS _n
+FROM ins;
+
+-- name: job_unique_holders
+-- job_unique_holder for many keys: (key, holder id) per key held.
+SELECT unique_key, id FROM taskq.jobs
+WHERE unique_key = ANY(%(unique_keys)s::text[])
+  AND (unique_scope = 'retained' OR status IN ('pending', 'scheduled', 'running'));
+
 -- name: job_get
 SELECT * FROM taskq.jobs WHERE id = %(id)s;
 

@@ -27,7 +27,8 @@ GRANT USAGE ON SCHEMA taskq TO :"worker_role", :"client_role";
 -- payload, actor, queue or options, nor forge or clear an operator's cancel request.
 GRANT SELECT ON taskq.jobs TO :"worker_role";
 GRANT INSERT (id, actor, queue, payload, status, priority, tags, max_attempts, scheduled_at,
-              schedule_to_close, parent_id, schedule, scheduled_for)
+              schedule_to_close, parent_id, unique_key, unique_scope,
+              schedule, scheduled_for)
     ON taskq.jobs TO :"worker_role";
 GRANT UPDATE (status, attempt, claim_epoch, worker_id, lock_expires_at, started_at, finished_at,
               scheduled_at, cancel_phase, result, error_class, error_message, interrupt_count, progress)
@@ -48,7 +49,8 @@ GRANT SELECT, INSERT, UPDATE ON taskq.schedules TO :"worker_role";
 -- a result, touch attempts or the worker registry, delete anything or change the schema.
 GRANT SELECT ON taskq.jobs TO :"client_role";
 GRANT INSERT (id, actor, queue, payload, status, priority, tags, max_attempts, scheduled_at,
-              schedule_to_close, parent_id, schedule, scheduled_for)
+              schedule_to_close, parent_id, unique_key, unique_scope,
+              schedule, scheduled_for)
     ON taskq.jobs TO :"client_role";
 GRANT UPDATE (status, cancel_phase, cancel_requested_at, cancel_reason, error_class, finished_at)
     ON taskq.jobs TO :"client_role";

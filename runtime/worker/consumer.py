@@ -296,8 +296,9 @@ class Consumers:
     ) -> JobHandle[Any]:
         job = prepare_insert(target, payload, registry=self.w.actors, max_payload_bytes=1024 * 1024,
                              parent_id=ctx.job_id, **options)
-        row = await self.w.backend.job_insert(job)
-        return JobHandle(row.id, client=None, row=row)
+        inserted = await self.w.backend.job_insert_deferred(job)
+        row = inserted.row()
+        return JobHandle(row.id, client=None, row=row, created=inserted.created)
 
 
 class Hooks:

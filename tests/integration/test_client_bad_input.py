@@ -208,6 +208,13 @@ async def test_client_refuses_a_nonsense_payload_limit(dsn: str, limit: Any) -> 
         ({"tags": "tenant-a"}, "tags"),
         ({"tags": ("",)}, "tag"),
         ({"tags": ("nul\x00",)}, "tag"),
+        ({"unique_key": ""}, "unique_key must be 1-255 characters"),
+        ({"unique_key": "k" * 256}, "unique_key must be 1-255 characters"),
+        ({"unique_key": "half a pair \udc80"}, "valid Unicode"),
+        ({"unique_key": b"bytes-key"}, "not bytes"),
+        ({"unique_key": 42}, "unique_key must be a string"),
+        ({"unique_key": "k", "unique_scope": "forever"}, "unique_scope must be 'active' or 'retained'"),
+        ({"unique_scope": "retained"}, "needs a unique_key"),
     ],
     ids=[
         "naive-scheduled-at",
@@ -225,6 +232,13 @@ async def test_client_refuses_a_nonsense_payload_limit(dsn: str, limit: Any) -> 
         "tags-as-one-string",
         "empty-tag",
         "nul-in-tag",
+        "empty-unique-key",
+        "long-unique-key",
+        "surrogate-unique-key",
+        "bytes-unique-key",
+        "int-unique-key",
+        "unknown-unique-scope",
+        "retained-without-key",
     ],
 )
 async def test_invalid_enqueue_options_are_configuration_errors_and_nothing_is_written(
@@ -234,6 +248,14 @@ async def test_invalid_enqueue_options_are_configuration_errors_and_nothing_is_w
         await jobs.enqueue("unknown.actor", {}, **options)
     with pytest.raises(ConfigurationError, match=message):
         await jobs.enqueue_many("unknown.actor", [{}, {}], **options)
+    assert await _job_count(raw) == 0
+
+
+async def test_enqueue_many_needs_one_unique_key_per_payload(jobs: JobsClient, raw: AsyncConnection[Any]) -> None:
+    with pytest.raises(ConfigurationError, match="2 keys for 3 payloads"):
+        await jobs.enqueue_many("unknown.actor", [1, 2, 3], unique_key=["a", "b"])
+    with pytest.raises(ConfigurationError, match="unique_key must be 1-255"):
+        await jobs.enqueue_many("unknown.actor", [1, 2], unique_key=["a", ""])
     assert await _job_count(raw) == 0
 
 
