@@ -60,6 +60,7 @@ from taskq.exceptions import (
     DatabaseUnavailable,
     EmbeddedUnavailable,
     PayloadInvalid,
+    ScheduleNotFound,
     SchemaNotReady,
     SchemaTooNew,
     TaskqError,
@@ -530,6 +531,8 @@ def classify(exc: BaseException) -> tuple[ExitCode, str]:
         return ExitCode.EMBEDDED_UNAVAILABLE, message
     if isinstance(exc, DatabaseUnavailable):
         return ExitCode.DATABASE_UNAVAILABLE, str(exc)
+    if isinstance(exc, ScheduleNotFound):
+        return ExitCode.NOT_FOUND, str(exc)
     if isinstance(exc, SchemaNotReady | SchemaTooNew):
         return ExitCode.SCHEMA, str(exc)
     if isinstance(exc, ConfigurationError | PayloadInvalid | ActorDefinitionError):

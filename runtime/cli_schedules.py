@@ -8,7 +8,6 @@ from collections.abc import Sequence
 
 from taskq import cli_output
 from taskq.client import JobsClient
-from taskq.exceptions import ScheduleNotFound
 from taskq.models import ScheduleInfo
 from taskq.schedule_admin import check_schedule_name
 
@@ -55,25 +54,22 @@ def cmd_schedules(args: argparse.Namespace) -> int:
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:
-    from taskq.cli import ExitCode, NotFound, emit, with_client
+    from taskq.cli import ExitCode, emit, with_client
 
     name = check_schedule_name(args.name)  # a bad name is a usage error before any connection
 
     async def body(client: JobsClient) -> int:
-        try:
-            if args.action == "trigger":
-                made = await client.trigger_schedule(name)
-                emit(cli_output.to_json(made) if args.json else str(made.job_id))
-            else:
-                result = await (client.pause_schedule(name) if args.action == "pause"
-                                else client.resume_schedule(name))
-                if args.json:
-                    emit(cli_output.to_json(result))
-                else:
-                    verb = "paused" if result.paused else "resumed"
-                    emit(f"{name}: {verb}" if result.changed else f"{name}: already {verb}")
-        except ScheduleNotFound as exc:
-            raise NotFound(str(exc)) from None
+        # an unknown name raises ScheduleNotFound: exit 4, one line (taskq.cli.classify)
+        if args.action == "trigger":
+            made = await client.trigger_schedule(name)
+            emit(cli_output.to_json(made) if args.json else str(made.job_id))
+            return ExitCode.OK
+        result = await (client.pause_schedule(name) if args.action == "pause" else client.resume_schedule(name))
+        if args.json:
+            emit(cli_output.to_json(result))
+        else:
+            verb = "paused" if result.paused else "resumed"
+            emit(f"{name}: {verb}" if result.changed else f"{name}: already {verb}")
         return ExitCode.OK
 
     return with_client(args, body)

@@ -3,9 +3,10 @@
 -- A schedule is a row; every worker's scheduler may fire it. A tick locks the due rows (FOR UPDATE SKIP
 -- LOCKED), inserts their slot jobs and moves next_run_at past the database's now() in one transaction,
 -- so two schedulers never work on one schedule at once, and a slot behind next_run_at is never made
--- again: next_run_at only moves forward, and slot jobs are deleted by retention only after that.
--- The unique index on (schedule, scheduled_for) refuses a second job for a slot that is still stored,
--- whoever tries to insert it.
+-- again: next_run_at only moves forward, and retention deletes a slot job only after that.
+-- Each slot job also carries the unique key `schedule:<name>:<slot time, UTC>` with unique_scope
+-- 'retained' (migration 3's index): while that job is stored, nobody can insert a second job for its
+-- slot, whatever the state of the schedules row. Depends on migration 3 for those columns.
 
 CREATE TABLE taskq.schedules (
     name          text        PRIMARY KEY CHECK (name <> '' AND length(name) <= 200),
@@ -51,7 +52,3 @@ ALTER TABLE taskq.jobs
     ADD COLUMN schedule      text,
     ADD COLUMN scheduled_for timestamptz,
     ADD CONSTRAINT jobs_schedule_slot CHECK ((schedule IS NULL) = (scheduled_for IS NULL));
-
--- at most one job per schedule slot (operator triggers carry their own instant, never a slot's: slots
--- are whole seconds, a trigger's time is not)
-CREATE UNIQUE INDEX jobs_schedule_slot_idx ON taskq.jobs (schedule, scheduled_for) WHERE schedule IS NOT NULL;

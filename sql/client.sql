@@ -238,8 +238,8 @@ SELECT old.name, (SELECT count(*) FROM upd) > 0 AS changed FROM old;
 
 -- name: schedule_trigger
 -- One job now, outside the slot sequence, whatever the schedule's state (paused, disabled or not).
--- Its scheduled_for is the trigger's instant, never a whole second (slot times are), so it cannot take
--- a slot's place in jobs_schedule_slot_idx. It becomes the schedule's last job (overlap='skip' waits
+-- Its scheduled_for is the trigger's instant, never a whole second (slot times are), and it has no
+-- unique key: it never takes a slot's place. It becomes the schedule's last job (overlap='skip' waits
 -- for it).
 WITH s AS (
     SELECT * FROM taskq.schedules WHERE name = %(name)s FOR UPDATE

@@ -405,7 +405,8 @@ LEFT JOIN due ON true;
 
 -- name: schedule_fire
 -- A tick's write, in the same transaction, for every schedule it locked: insert the slot jobs (one per
--- slot; ON CONFLICT keeps a slot whose job is still stored from getting a second), skip them while the
+-- slot; the slot's retained unique key keeps a slot whose job is still stored from getting a second,
+-- ON CONFLICT turns that into nothing inserted), skip them while the
 -- previous job of an overlap='skip' schedule is pending or running, and move next_run_at forward (never
 -- back). One NOTIFY per queue that got jobs.
 WITH plan AS (
@@ -416,9 +417,11 @@ WITH plan AS (
         AS t(name, scheduled_for, id)
 ), ins AS (
     INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts, scheduled_at,
-                            schedule, scheduled_for)
+                            schedule, scheduled_for, unique_key, unique_scope)
     SELECT t.id, s.actor, s.queue, s.payload, 'pending', s.priority, s.tags, s.max_attempts, now(),
-           s.name, t.scheduled_for
+           s.name, t.scheduled_for,
+           'schedule:' || s.name || ':' || to_char(t.scheduled_for AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
+           'retained'
     FROM slot AS t JOIN taskq.schedules AS s ON s.name = t.name
     WHERE s.overlap = 'allow' OR s.last_job_id IS NULL OR NOT EXISTS (
         SELECT 1 FROM taskq.jobs AS j
