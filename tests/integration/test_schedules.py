@@ -227,7 +227,7 @@ async def test_overlap_skip_makes_no_slot_job_while_the_previous_one_runs(dsn: s
 
 
 async def _outcome(dsn: str, name: str, outcome: str) -> bool:
-    return (await schedule_row(dsn, name))["last_outcome"] == outcome
+    return bool((await schedule_row(dsn, name))["last_outcome"] == outcome)
 
 
 # -- runtime management through the CLI -------------------------------------------------------------------

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from taskq import JobContext, Schedule
 from taskq.actors.declaration import ActorRegistry, actor, as_registry
 from taskq.exceptions import ScheduleDefinitionError
-from taskq.schedules import SlotSpec, plan_tick
+from taskq.schedules import Misfire, Overlap, SlotSpec, TickPlan, plan_tick
 
 BERLIN = ZoneInfo("Europe/Berlin")
 reg = ActorRegistry()
@@ -28,12 +28,12 @@ async def build_report(payload: ReportSpec, ctx: JobContext[ReportSpec]) -> None
     return None
 
 
-def utc(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)  # type: ignore[misc]
+def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0, us: int = 0) -> datetime:
+    return datetime(year, month, day, hour, minute, second, us, tzinfo=UTC)
 
 
-def berlin(*args: int, fold: int = 0) -> datetime:
-    return datetime(*args, tzinfo=BERLIN, fold=fold)  # type: ignore[misc]
+def berlin(year: int, month: int, day: int, hour: int = 0, minute: int = 0, *, fold: int = 0) -> datetime:
+    return datetime(year, month, day, hour, minute, tzinfo=BERLIN, fold=fold)
 
 
 def nightly(expr: str = "30 2 * * *") -> SlotSpec:
@@ -152,10 +152,10 @@ EVERY_SECOND = SlotSpec(cron=None, every_seconds=1, timezone="UTC")
 NOW = utc(2026, 6, 1, 12, 0, 10, 500)  # 12:00:10.0005
 
 
-def plan(misfire: str, *, next_run_at: datetime, max_catch_up: int = 10, grace: float = 0.75,
-         overlap: str = "allow", resumed_at: datetime | None = None) -> Any:
-    return plan_tick(EVERY_SECOND, next_run_at, NOW, misfire=misfire, max_catch_up=max_catch_up,  # type: ignore[arg-type]
-                     misfire_grace=grace, overlap=overlap, resumed_at=resumed_at)  # type: ignore[arg-type]
+def plan(misfire: Misfire, *, next_run_at: datetime, max_catch_up: int = 10, grace: float = 0.75,
+         overlap: Overlap = "allow", resumed_at: datetime | None = None) -> TickPlan:
+    return plan_tick(EVERY_SECOND, next_run_at, NOW, misfire=misfire, max_catch_up=max_catch_up,
+                     misfire_grace=grace, overlap=overlap, resumed_at=resumed_at)
 
 
 def test_an_on_time_tick_makes_the_due_slot_and_moves_to_the_next() -> None:
