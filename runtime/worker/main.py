@@ -224,11 +224,12 @@ class Worker:
         taken = await self.store.take_over()
         if taken:
             log.warning("reclaimed %s left running under worker id %s by an earlier process", taken, self.worker_id)
-        log.info("worker %s started: queues=%s concurrency=%d actors=%s", self.worker_id, s.queues,
-                 s.concurrency, self.actors.names())
         self.scheduler = Scheduler(ScheduleStore(self.backend), self.actors.schedules(),
                                    owner=self.actors.owner or DEFAULT_SCHEDULE_OWNER,
                                    poll_interval=s.schedule_poll_interval)
+        await self.scheduler.sync()  # code declarations are upserted when a worker starts
+        log.info("worker %s started: queues=%s concurrency=%d actors=%s", self.worker_id, s.queues,
+                 s.concurrency, self.actors.names())
         services = {
             "completer": loop.create_task(self.completer.run(), name="taskq-completer"),
             "heartbeat": loop.create_task(self.heartbeat.run(), name="taskq-heartbeat"),

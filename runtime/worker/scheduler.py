@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Sequence
 
@@ -17,6 +18,8 @@ log = logging.getLogger("taskq.scheduler")
 
 TICK_LIMIT = 500
 """Schedules one tick takes at most; a tick that got this many runs again at once."""
+START_JITTER = 0.5
+"""Seconds: the most the first tick after a worker starts waits."""
 WAKE_MARGIN = 0.002
 """Seconds slept past a slot, so that the database's clock has reached it when the tick reads."""
 
@@ -42,7 +45,9 @@ class Scheduler:
         self.synced = asyncio.Event()
 
     async def run(self) -> None:
-        await self._sync()
+        """Tick until cancelled. The first tick waits a random part of the poll interval: a fleet that
+        restarts together does not tick in step, and the worker's first claim is not kept waiting."""
+        await asyncio.sleep(random.uniform(0.0, min(self.poll_interval, START_JITTER)))
         while True:
             try:
                 delay = await self.tick_once()
@@ -51,17 +56,9 @@ class Scheduler:
                 delay = self.poll_interval
             await asyncio.sleep(delay)
 
-    async def _sync(self) -> None:
-        """Upsert the code declarations; retried until it works (the database may be down at start)."""
-        delay = min(1.0, self.poll_interval)
-        while True:
-            try:
-                outcome = await self.store.sync(self.schedules, self.owner)
-                break
-            except Exception as exc:
-                log.warning("could not sync the schedule declarations: %s", exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
+    async def sync(self) -> None:
+        """Upsert the code declarations (at worker start, before the services run)."""
+        outcome = await self.store.sync(self.schedules, self.owner)
         if outcome.created:
             log.info("schedules declared: %s", ", ".join(outcome.created))
         if outcome.changed:
