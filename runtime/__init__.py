@@ -11,12 +11,14 @@ from taskq.context import JobContext
 from taskq.exceptions import JobFailed, NonRetryableError, TaskqError
 from taskq.models import (
     BulkCancelResult,
+    BulkRequeueResult,
     CancelOrigin,
     CancelPhase,
     CancelResult,
     JobFilter,
     JobRow,
     JobStatus,
+    RequeueResult,
 )
 from taskq.schedules import Schedule
 from taskq.settings import WorkerSettings
@@ -27,6 +29,7 @@ __all__ = [
     "Actor",
     "ActorRegistry",
     "BulkCancelResult",
+    "BulkRequeueResult",
     "CancelOrigin",
     "CancelPhase",
     "CancelResult",
@@ -38,6 +41,7 @@ __all__ = [
     "JobStatus",
     "JobsClient",
     "NonRetryableError",
+    "RequeueResult",
     "RetryPolicy",
     "Schedule",
     "TaskqError",

@@ -35,7 +35,10 @@ from taskq.models import (
     ScheduleInfo,
 )
 
-__all__ = ["Backend", "InsertedJob", "JobBatch", "JobInsert", "JobRow", "connect_error", "uuid7", "uuid7_many"]
+__all__ = [
+    "Backend", "InsertedJob", "JobBatch", "JobInsert", "JobRow", "RequeueParams", "RequeueRow", "connect_error",
+    "uuid7", "uuid7_many",
+]
 
 JOBS_CHANNEL = "taskq_jobs"
 # a unique enqueue whose holder ended between the insert and the lookup tries again; each round needs
@@ -161,6 +164,34 @@ class JobBatch:
 
     def params(self) -> dict[str, Any]:
         return self.options.params() | {"ids": self.ids, "payloads": self.payloads_json}
+
+
+@dataclass(frozen=True, slots=True)
+class RequeueParams:
+    """An operator's requeue: the reason for the timeline, and the new budget. `attempts` None means the
+    actor's max_attempts when it is one of `actor_max_attempts` (the caller's registry), else the job's own."""
+
+    reason: str | None
+    attempts: int | None
+    actor_max_attempts: dict[str, int]
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "reason": self.reason,
+            "attempts": self.attempts,
+            "actor_names": list(self.actor_max_attempts),
+            "actor_max_attempts": list(self.actor_max_attempts.values()),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RequeueRow:
+    """What a requeue statement did to one job."""
+
+    job_id: UUID
+    previous_status: JobStatus
+    requeued: bool
+    conflict_job_id: UUID | None
 
 
 def filter_params(flt: JobFilter) -> dict[str, Any]:
@@ -333,7 +364,9 @@ class Backend:
     async def job_insert_deferred(self, job: JobInsert, *, conn: AsyncConnection[Any] | None = None) -> InsertedJob:
         """`job_insert`, leaving the JobRow to be built by the caller if it wants it."""
         if job.unique_key is not None:
-            return await self._job_insert_unique(job, conn)
+            from taskq import backend_unique  # it builds on this module
+
+            return await backend_unique.insert_unique(self.pool, job, conn)
         if conn is not None:
             # the caller's connection may have a row factory of its own
             async with conn.cursor(row_factory=tuple_row) as cur:
@@ -352,42 +385,6 @@ class Backend:
         status, scheduled_at, schedule_to_close, created_at, _ = written
         return InsertedJob(job, status, scheduled_at, schedule_to_close, created_at)
 
-    async def _job_insert_unique(self, job: JobInsert, conn: AsyncConnection[Any] | None) -> InsertedJob:
-        if conn is not None:
-            return await self._insert_unique_on(conn, job)
-        pconn = await self.pool.getconn()  # see job_insert_deferred
-        try:
-            return await self._insert_unique_on(pconn, job)
-        finally:
-            await self.pool.putconn(pconn)
-
-    async def _insert_unique_on(self, conn: AsyncConnection[Any], job: JobInsert) -> InsertedJob:
-        """INSERT ... ON CONFLICT DO NOTHING; when it skipped, find the holder in a second statement (a
-        fresh snapshot, so a holder committed while the insert waited is seen). A holder that ended in
-        between (scope 'active' frees its key) lets the insert try again."""
-        params = job.params() | {"unique_key": job.unique_key, "unique_scope": job.unique_scope}
-        async with conn.cursor(row_factory=tuple_row) as cur:
-            for _ in range(UNIQUE_INSERT_TRIES):
-                await cur.execute(sql.query("job_insert_unique"), params)
-                written = await cur.fetchone()
-                if written is not None:
-                    status, scheduled_at, schedule_to_close, created_at, _ = written
-                    return InsertedJob(job, status, scheduled_at, schedule_to_close, created_at)
-                holder = await self._unique_holder(conn, job.unique_key)
-                if holder is not None:
-                    return InsertedJob(job, holder.status, holder.scheduled_at, None, holder.created_at, holder)
-        raise UniqueKeyContention(
-            f"unique key {job.unique_key!r}: its holder kept ending between insert and lookup "
-            f"({UNIQUE_INSERT_TRIES} tries); try again"
-        )
-
-    @staticmethod
-    async def _unique_holder(conn: AsyncConnection[Any], key: str | None) -> JobRow | None:
-        async with conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(sql.query("job_unique_holder"), {"unique_key": key})
-            row = await cur.fetchone()
-        return row_to_job(row) if row else None
-
     @_reports_outage
     async def job_insert_many(
         self, batch: JobBatch, *, conn: AsyncConnection[Any] | None = None
@@ -397,13 +394,9 @@ class Backend:
         if not batch.ids:
             return None
         if batch.unique_keys is not None:
-            if conn is not None:
-                return await self._insert_many_unique_on(conn, batch)
-            pconn = await self.pool.getconn()
-            try:
-                return await self._insert_many_unique_on(pconn, batch)
-            finally:
-                await self.pool.putconn(pconn)
+            from taskq import backend_unique
+
+            return await backend_unique.insert_many_unique(self.pool, batch, conn)
         if conn is not None:
             await conn.execute(sql.query("job_insert_many"), batch.params())
         else:
@@ -413,46 +406,6 @@ class Backend:
             finally:
                 await self.pool.putconn(pconn)
         return None
-
-    async def _insert_many_unique_on(self, conn: AsyncConnection[Any], batch: JobBatch) -> dict[int, UUID]:
-        """The batch with ON CONFLICT DO NOTHING, then the holders of the keys it skipped (which may be
-        jobs of this same batch: the first of two equal keys wins). Without autocommit the whole loop is
-        one transaction; on the pool's autocommit connection the first statement commits the rows it
-        wrote and only the lookup of holders can repeat."""
-        assert batch.unique_keys is not None
-        keys = batch.unique_keys
-        pending = list(range(len(batch.ids)))
-        skipped: dict[int, UUID] = {}
-        for _ in range(UNIQUE_INSERT_TRIES):
-            params = batch.options.params() | {
-                "ids": [batch.ids[i] for i in pending],
-                "payloads": [batch.payloads_json[i] for i in pending],
-                "unique_keys": [keys[i] for i in pending],
-                "unique_scope": batch.unique_scope,
-            }
-            cur = await conn.execute(sql.query("job_insert_many_unique"), params)
-            row = await cur.fetchone()
-            written = set(row[0] or ()) if row else set()
-            missing = [i for i in pending if batch.ids[i] not in written]
-            if not missing:
-                return skipped
-            wanted = sorted({k for i in missing if (k := keys[i]) is not None})
-            cur = await conn.execute(sql.query("job_unique_holders"), {"unique_keys": wanted})
-            holders = {key: job_id for key, job_id in await cur.fetchall()}
-            pending = []
-            for i in missing:
-                key = keys[i]
-                holder = holders.get(key) if key is not None else None
-                if holder is not None:
-                    skipped[i] = holder
-                else:
-                    pending.append(i)
-            if not pending:
-                return skipped
-        raise UniqueKeyContention(
-            f"{len(pending)} unique keys: their holders kept ending between insert and lookup "
-            f"({UNIQUE_INSERT_TRIES} tries); try again"
-        )
 
     # -- reads -----------------------------------------------------------------------------------
 
@@ -550,3 +503,43 @@ class Backend:
             cur = await conn.execute(sql.query("schedule_trigger"), {"name": name, "id": uuid7()})
             row = await cur.fetchone()
         return (row[0], row[1]) if row else None
+
+    # -- requeue ---------------------------------------------------------------------------------
+
+    @_reports_outage
+    async def job_requeue(self, job_id: UUID, params: RequeueParams) -> RequeueRow | None:
+        """Requeue one failed, crashed or abandoned job (one fenced statement, its event included); None
+        if no such job. A unique violation means a holder committed after the statement's snapshot: the
+        statement changed nothing and runs again, and then names that holder."""
+        values = params.params() | {"id": job_id}
+        async with self.pool.connection() as conn:
+            for _ in range(UNIQUE_INSERT_TRIES):
+                try:
+                    cur = await conn.execute(sql.query("job_requeue"), values)
+                except errors.UniqueViolation:
+                    continue
+                row = await cur.fetchone()
+                if row is None:
+                    return None
+                prev, requeued, conflict, _ = row
+                return RequeueRow(job_id, JobStatus(prev), bool(requeued), conflict)
+        raise UniqueKeyContention(f"job {job_id}: its unique key kept being taken during the requeue; try again")
+
+    @_reports_outage
+    async def job_requeue_where_batch(
+        self, flt: JobFilter, params: RequeueParams, *, after: UUID | None, limit: int
+    ) -> list[RequeueRow]:
+        """One committed batch of a bulk requeue: the matching failure-status jobs with ids above `after`,
+        at most `limit`, in id order (the caller goes on from the last id returned)."""
+        values = filter_params(flt) | params.params() | {"after": after, "limit": limit}
+        async with self.pool.connection() as conn:
+            for _ in range(UNIQUE_INSERT_TRIES):
+                try:
+                    cur = await conn.execute(sql.query("job_requeue_where_batch"), values)
+                except errors.UniqueViolation:
+                    continue
+                return [
+                    RequeueRow(job_id, JobStatus(prev), bool(requeued), conflict)
+                    for job_id, prev, requeued, conflict, _ in await cur.fetchall()
+                ]
+        raise UniqueKeyContention("a bulk requeue batch kept meeting unique keys taken meanwhile; try again")

@@ -48,10 +48,11 @@ import psycopg
 from psycopg_pool import PoolTimeout
 from pydantic import ValidationError
 
-from taskq import cli_output, cli_schedules, sql
+from taskq import cli_lifecycle, cli_output, cli_schedules, sql
 from taskq.actors.declaration import default_registry
+from taskq.checks import check_reason
 from taskq.cli_args import int_arg, job_id_arg, seconds_arg, when_arg
-from taskq.client import DEFAULT_MAX_PAYLOAD_BYTES, JobHandle, JobsClient, check_reason, prepare_insert
+from taskq.client import DEFAULT_MAX_PAYLOAD_BYTES, JobHandle, JobsClient, prepare_insert
 from taskq.dsn import redact_dsn, resolve_dsn, scrub
 from taskq.embedded import INSTALL_HINT, data_dir
 from taskq.exceptions import (
@@ -436,6 +437,7 @@ COMMANDS: tuple[Command, ...] = (
         "get a cancel request their worker acts on. Give an ID, or filters (not both): filters cancel "
         "every matching unfinished job.",
     ),
+    *cli_lifecycle.commands(),
     Command(
         "jobs", cmd_jobs, "list jobs, newest first",
         (
@@ -593,4 +595,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run the imported taskq.cli, not this __main__ copy: command modules (cli_lifecycle) raise the
+    # error classes of taskq.cli, which a second copy of this module would not recognise
+    from taskq.cli import main as imported_main
+
+    sys.exit(imported_main())

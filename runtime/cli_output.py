@@ -12,7 +12,16 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from taskq.models import BulkCancelResult, CancelResult, JobAttempt, JobEvent, JobRow, JobStatus
+from taskq.models import (
+    BulkCancelResult,
+    BulkRequeueResult,
+    CancelResult,
+    JobAttempt,
+    JobEvent,
+    JobRow,
+    JobStatus,
+    RequeueResult,
+)
 
 MAX_CELL = 48
 NONE = "-"
@@ -59,7 +68,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     )
 
 
-JOB_COLUMNS = ("id", "actor", "queue", "status", "attempt", "created (UTC)", "error_class")
+JOB_COLUMNS = ("id", "actor", "queue", "status", "attempt", "requeues", "created (UTC)", "unique_key", "error_class")
 
 
 def jobs_table(rows: Sequence[JobRow], *, limit: int) -> str:
@@ -68,8 +77,8 @@ def jobs_table(rows: Sequence[JobRow], *, limit: int) -> str:
     body = table(
         JOB_COLUMNS,
         [
-            (r.id, r.actor, r.queue, r.status.value, f"{r.attempt}/{r.max_attempts}", when(r.created_at),
-             r.error_class)
+            (r.id, r.actor, r.queue, r.status.value, f"{r.attempt}/{r.max_attempts}", r.requeue_count,
+             when(r.created_at), r.unique_key, r.error_class)
             for r in rows
         ],
     )
@@ -112,6 +121,8 @@ def job_detail(row: JobRow, events: Sequence[JobEvent], attempts: Sequence[JobAt
                     f"interrupted {row.interrupt_count} times)"),
         ("priority", str(row.priority)),
         ("tags", ", ".join(row.tags) or NONE),
+        ("unique key", f"{row.unique_key} (scope {row.unique_scope})" if row.unique_key else NONE),
+        ("requeues", str(row.requeue_count)),
         ("created", when(row.created_at)),
         ("scheduled", when(row.scheduled_at)),
         ("started", when(row.started_at)),
@@ -192,3 +203,31 @@ def bulk_cancel_summary(result: BulkCancelResult) -> str:
         f"{text}\n{result.cancelled_before_start} cancelled before start, "
         f"{result.running_requested} running asked to stop"
     )
+
+
+def requeue_summary(result: RequeueResult) -> str:
+    """What one `taskq requeue ID` did, on one line: the raw fields, then what they mean."""
+    head = (
+        f"job {result.job_id}: {result.previous_status.value} -> {result.new_status.value}, "
+        f"requeued={str(result.requeued).lower()}"
+    )
+    if result.requeued:
+        return f"{head}: back in the queue, due now"
+    if result.conflict_job_id is not None:
+        return f"{head}: its unique key is held by job {result.conflict_job_id}; nothing changed"
+    return f"{head}: only failed, crashed or abandoned jobs can be requeued; nothing changed"
+
+
+def bulk_requeue_summary(result: BulkRequeueResult) -> str:
+    """Counts by the status each job had before the requeue, then the jobs left alone."""
+    if result.total == 0 and not result.conflicts:
+        return "no failed, crashed or abandoned job matched: nothing requeued"
+    order = [s for s in JobStatus if s in result.by_previous_status]
+    rows: list[tuple[object, ...]] = [(s.value, result.by_previous_status[s]) for s in order]
+    rows.append(("total", result.total))
+    text = table(("previous status", "jobs requeued"), rows)
+    if result.conflicts:
+        shown = ", ".join(f"{job} (held by {holder})" for job, holder in list(result.conflicts.items())[:5])
+        more = f" and {len(result.conflicts) - 5} more" if len(result.conflicts) > 5 else ""
+        text += f"\n{len(result.conflicts)} left unchanged, their unique key held by another job: {shown}{more}"
+    return text

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import math
 import re
 import weakref
@@ -19,25 +17,27 @@ from pydantic import ConfigDict, TypeAdapter
 from pydantic_core import SchemaValidator, core_schema, from_json
 from typing_extensions import TypeVar
 
-from taskq import schedule_admin
+from taskq import operations, schedule_admin
 from taskq.actors.declaration import Actor, ActorRegistry, default_registry
 from taskq.backend import Backend, JobBatch, JobInsert, JobOptions, uuid7, uuid7_many
+from taskq.checks import as_job_id, check_text
 from taskq.dsn import resolve_dsn
 from taskq.exceptions import ConfigurationError, JobFailed, PayloadInvalid, PayloadTooLarge
-from taskq.metrics import CANCELLATION_REQUESTED
 from taskq.models import (
     FAILURE_STATUSES,
-    UNIQUE_SCOPES,
     BulkCancelResult,
+    BulkRequeueResult,
     CancelResult,
     JobAttempt,
     JobEvent,
     JobFilter,
     JobRow,
+    RequeueResult,
     ScheduleInfo,
     SchedulePauseResult,
     ScheduleTriggerResult,
 )
+from taskq.unique import batch_unique_keys, unique_of
 
 # The result type of a handle; Any when it cannot be known (a job enqueued by name). Without the
 # default, mypy --strict rejects `handle = await client.enqueue("name", ...)` (cannot infer R).
@@ -49,15 +49,6 @@ _ANY: TypeAdapter[Any] = TypeAdapter(Any, config=ConfigDict(ser_json_inf_nan="co
 # `\u0000` in JSON text is a NUL only when the backslash before it is not itself escaped (`\\u0000`
 # is the text "\u0000"): an odd number of backslashes in a row.
 _JSON_NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
-
-
-def as_job_id(job_id: UUID | str) -> UUID:
-    if isinstance(job_id, UUID):
-        return job_id
-    try:
-        return UUID(str(job_id))
-    except ValueError:
-        raise ValueError(f"not a job id (expected a UUID): {job_id!r}") from None
 
 
 def _seconds(name: str, value: float | timedelta | None) -> float | None:
@@ -79,72 +70,6 @@ def _when(value: datetime | timedelta | None) -> datetime | None:
     if value.tzinfo is None:
         raise ConfigurationError("scheduled_at must be timezone-aware (e.g. datetime.now(UTC))")
     return value
-
-
-def _is_utf8(text: str) -> bool:
-    """False for text holding a lone surrogate (e.g. from `surrogateescape`), which no UTF-8 database stores."""
-    if text.isascii():
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _check_text(name: str, value: str, *, max_len: int = 255) -> str:
-    if not isinstance(value, str) or not value or len(value) > max_len or "\x00" in value or not _is_utf8(value):
-        raise ConfigurationError(
-            f"{name} must be 1-{max_len} characters of valid Unicode without NUL, got {value!r}"
-        )
-    return value
-
-
-def check_reason(reason: str | None) -> str | None:
-    if reason is None:
-        return None
-    if not isinstance(reason, str) or len(reason) > 10_000 or "\x00" in reason or not _is_utf8(reason):
-        raise ConfigurationError(
-            "reason must be text of at most 10,000 characters of valid Unicode without NUL"
-        )
-    return reason
-
-
-def check_unique_scope(unique_scope: str) -> str:
-    if not isinstance(unique_scope, str) or unique_scope not in UNIQUE_SCOPES:
-        raise ConfigurationError(f"unique_scope must be 'active' or 'retained', got {unique_scope!r}")
-    return unique_scope
-
-
-def check_unique_key(unique_key: object) -> str:
-    """A given unique key: 1-255 characters of valid Unicode without NUL (bytes are refused: decode them)."""
-    if isinstance(unique_key, bytes | bytearray):
-        raise ConfigurationError("unique_key must be text (str), not bytes: decode it first")
-    if not isinstance(unique_key, str):
-        raise ConfigurationError(f"unique_key must be a string or True, got {unique_key!r}")
-    return _check_text("unique_key", unique_key)
-
-
-def derive_unique_key(actor: str, queue: str, payload_json: str) -> str:
-    """`unique_key=True`: a digest of the actor, the queue and the canonical JSON (sorted keys, no
-    spaces) of the validated payload, so equal payloads give equal keys whatever their key order."""
-    canonical = json.dumps(from_json(payload_json), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    digest = hashlib.sha256(json.dumps([actor, queue, canonical], ensure_ascii=False).encode()).hexdigest()
-    return f"sha256:{digest}"
-
-
-def unique_of(
-    unique_key: str | bool | None, unique_scope: str, actor: str, queue: str, payload_json: str
-) -> tuple[str | None, str | None]:
-    """The (key, scope) to store for one job: (None, None) without a key."""
-    scope = check_unique_scope(unique_scope)
-    if unique_key is None:
-        if scope != "active":
-            raise ConfigurationError("unique_scope='retained' needs a unique_key")
-        return None, None
-    if unique_key is True:
-        return derive_unique_key(actor, queue, payload_json), scope
-    return check_unique_key(unique_key), scope
 
 
 def encode_payload(actor: Actor[Any, Any] | None, name: str, payload: Any, max_bytes: int) -> str:
@@ -241,13 +166,13 @@ def _check_options(
         actor: Actor[Any, Any] | None = target
         name = target.name
     elif isinstance(target, str):
-        name = _check_text("actor name", target)
+        name = check_text("actor name", target)
         actor = registry.get(name)
     else:
         raise ConfigurationError(f"enqueue needs an actor or an actor name, got {target!r}")
     if isinstance(tags, str):
         raise ConfigurationError("tags must be a sequence of strings, not one string")
-    tag_tuple = tuple(_check_text("tag", t) for t in tags)
+    tag_tuple = tuple(check_text("tag", t) for t in tags)
     attempts = max_attempts if max_attempts is not None else (actor.max_attempts if actor else 3)
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
         raise ConfigurationError(f"max_attempts must be an int >= 1, got {attempts!r}")
@@ -257,7 +182,7 @@ def _check_options(
     deadline = schedule_to_close if schedule_to_close is not None else (actor.schedule_to_close if actor else None)
     return actor, JobOptions(
         actor=name,
-        queue=_check_text("queue", queue if queue is not None else (actor.queue if actor else "default")),
+        queue=check_text("queue", queue if queue is not None else (actor.queue if actor else "default")),
         priority=prio,
         tags=tag_tuple,
         max_attempts=attempts,
@@ -294,29 +219,6 @@ def prepare_insert(
         return JobInsert(id=uuid7(), payload_json=payload_json, options=opts)
     key, scope = unique_of(unique_key, unique_scope, opts.actor, opts.queue, payload_json)
     return JobInsert(id=uuid7(), payload_json=payload_json, options=opts, unique_key=key, unique_scope=scope)
-
-
-def batch_unique_keys(
-    unique_key: str | bool | Sequence[str | None] | None, unique_scope: str, opts: JobOptions, encoded: list[str]
-) -> list[str | None] | None:
-    """One key (or None) per payload of an enqueue_many call; None when no payload has a key."""
-    if check_unique_scope(unique_scope) != "active" and unique_key is None:
-        raise ConfigurationError("unique_scope='retained' needs a unique_key")
-    if unique_key is None:
-        return None
-    if unique_key is True:
-        return [derive_unique_key(opts.actor, opts.queue, p) for p in encoded]
-    if isinstance(unique_key, str | bytes | bytearray):
-        key = check_unique_key(unique_key)
-        return [key] * len(encoded)
-    if not isinstance(unique_key, Sequence):
-        raise ConfigurationError(f"unique_key must be a string, True or one key per payload, got {unique_key!r}")
-    if len(unique_key) != len(encoded):
-        raise ConfigurationError(
-            f"unique_key has {len(unique_key)} keys for {len(encoded)} payloads: give one per payload (None for none)"
-        )
-    keys = [None if k is None else check_unique_key(k) for k in unique_key]
-    return keys if any(k is not None for k in keys) else None
 
 
 def _offset(start: int, skipped: dict[int, UUID] | None) -> dict[int, UUID]:
@@ -532,8 +434,17 @@ class JobsClient:
         encoded = encode_payloads(actor, opts.actor, items, self.max_payload_bytes)
         keys = batch_unique_keys(unique_key, unique_scope, opts, encoded)
         ids = uuid7_many(len(encoded))
+        if keys is None:
+            order: list[int] | None = None
+            rows_ids, rows_json = ids, encoded
+        else:
+            # rows in key order: concurrent batches with overlapping keys then wait on each other's
+            # keys in one order, which cannot deadlock
+            given = keys
+            order = sorted(range(len(given)), key=lambda i: given[i] or "")
+            rows_ids, rows_json, keys = [ids[i] for i in order], [encoded[i] for i in order], [given[i] for i in order]
         batches = [
-            JobBatch(ids=ids[i : i + chunk_size], payloads_json=encoded[i : i + chunk_size], options=opts,
+            JobBatch(ids=rows_ids[i : i + chunk_size], payloads_json=rows_json[i : i + chunk_size], options=opts,
                      unique_keys=None if keys is None else keys[i : i + chunk_size],
                      unique_scope=None if keys is None else unique_scope)
             for i in range(0, len(encoded), chunk_size)
@@ -548,6 +459,8 @@ class JobsClient:
             async with self.backend.pool.connection() as conn, conn.transaction():
                 for start, batch in zip(range(0, len(encoded), chunk_size), batches, strict=True):
                     skipped |= _offset(start, await self.backend.job_insert_many(batch, conn=conn))
+        if order is not None and skipped:
+            skipped = {order[pos]: holder for pos, holder in skipped.items()}
         adapter = self._adapter(target)
         if not skipped:
             return [JobHandle(job_id, client=self, result_adapter=adapter) for job_id in ids]
@@ -580,34 +493,41 @@ class JobsClient:
     async def cancel(self, job_id: UUID | str, reason: str | None = None) -> CancelResult:
         """Request cancellation (spec §2): pending/scheduled jobs end cancelled at once; a running job
         gets a cooperative request its worker acts on. KeyError if the job does not exist."""
-        CANCELLATION_REQUESTED.inc()
-        jid = as_job_id(job_id)
-        reason = check_reason(reason)
-        before = await self.backend.get(jid)
-        if before is None:
-            raise KeyError(jid)
-        changed = await self.backend.write_cancel_request(jid, reason)
-        after = await self.backend.get(jid)
-        assert after is not None  # jobs rows are never deleted while a client reads them
-        return CancelResult(
-            job_id=jid,
-            previous_status=before.status,
-            new_status=after.status,
-            cancellation_initiated=changed is not None,
-        )
+        return await operations.cancel_job(self.backend, job_id, reason)
 
     async def cancel_where(
         self, flt: JobFilter, reason: str | None = None, *, batch_size: int = 1000
     ) -> BulkCancelResult:
         """Cancel every matching unfinished job, in committed batches of `batch_size`. An empty filter
         is refused: say `JobFilter(unfinished=True)` to mean every job."""
-        if not isinstance(flt, JobFilter):
-            raise ConfigurationError(f"cancel_where needs a JobFilter, got {flt!r}")
-        if flt.is_empty:
-            raise ConfigurationError("refusing to cancel with an empty filter; use JobFilter(unfinished=True) for all")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 100_000:
-            raise ConfigurationError(f"batch_size must be between 1 and 100000, got {batch_size!r}")
-        return await self.backend.cancel_where(flt, check_reason(reason), batch_size=batch_size)
+        return await operations.cancel_jobs_where(self.backend, flt, reason, batch_size=batch_size)
+
+    async def requeue(
+        self, job_id: UUID | str, *, reason: str | None = None, attempts: int | None = None
+    ) -> RequeueResult:
+        """Put a failed, crashed or abandoned job back to pending with `attempts` more attempts (default:
+        its actor's max_attempts if registered here, else the job's own). attempt and claim_epoch are never
+        lowered. Other statuses: nothing changes, `requeued` False. A unique key held by another job:
+        nothing changes, `conflict_job_id` names it. KeyError if the job does not exist."""
+        return await operations.requeue_job(
+            self.backend, job_id, reason=reason, attempts=attempts, registry=self.registry
+        )
+
+    async def requeue_where(
+        self,
+        flt: JobFilter,
+        *,
+        reason: str | None = None,
+        attempts: int | None = None,
+        batch_size: int = 1000,
+        progress: operations.Progress | None = None,
+    ) -> BulkRequeueResult:
+        """`requeue` every matching failed, crashed or abandoned job, in committed batches; counts by
+        previous status, and the jobs left alone because their unique key is held (`conflicts`)."""
+        return await operations.requeue_jobs_where(
+            self.backend, flt, reason=reason, attempts=attempts, registry=self.registry,
+            batch_size=batch_size, progress=progress,
+        )
 
     # -- schedules (taskq.schedule_admin) ---------------------------------------------------------
 

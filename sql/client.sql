@@ -78,7 +78,8 @@ WHERE unique_key = %(unique_key)s
   AND (unique_scope = 'retained' OR status IN ('pending', 'scheduled', 'running'));
 
 -- name: job_insert_many_unique
--- job_insert_many with one unique key (or NULL) per job; returns the ids it wrote.
+-- job_insert_many with one unique key (or NULL) per job; returns how many rows it wrote, and their ids
+-- only when it skipped some (decoding a hundred ids costs the client more than the insert saved).
 WITH ins AS (
     INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
                             scheduled_at, schedule_to_close, parent_id, unique_key, unique_scope)
@@ -94,7 +95,34 @@ WITH ins AS (
         DO NOTHING
     RETURNING id, status
 )
-SELECT array_agg(id) AS written,
+SELECT count(*) AS written,
+       CASE WHEN count(*) < cardinality(%(ids)b::uuid[]) THEN array_agg(id) END AS written_ids,
+       (CASE WHEN bool_or(status = 'pending') THEN pg_notify('taskq_jobs', %(queue)s::text) END) IS NULL AS _n
+FROM ins;
+
+-- name: job_insert_many_unique_prefiltered
+-- job_insert_many_unique without speculative insertion, for the pool's own autocommit connection: the
+-- rows whose key no visible job holds, as a plain INSERT (the caller has removed repeated keys). A key
+-- taken by a transaction that commits meanwhile raises a unique violation and writes nothing; the
+-- caller then runs job_insert_many_unique.
+WITH ins AS (
+    INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
+                            scheduled_at, schedule_to_close, parent_id, unique_key, unique_scope)
+    SELECT u.id, %(actor)s::text, %(queue)s::text, u.payload::jsonb,
+           CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
+           %(priority)s::int, %(tags)s::text[], %(max_attempts)s::int,
+           greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
+           now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s::uuid,
+           u.key, CASE WHEN u.key IS NOT NULL THEN %(unique_scope)s::text END
+    FROM unnest(%(ids)b::uuid[], %(payloads)b::text[], %(unique_keys)b::text[]) AS u(id, payload, key)
+    WHERE u.key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM taskq.jobs AS h
+        WHERE h.unique_key = u.key
+          AND (h.unique_scope = 'retained' OR h.status IN ('pending', 'scheduled', 'running')))
+    RETURNING id, status
+)
+SELECT count(*) AS written,
+       CASE WHEN count(*) < cardinality(%(ids)b::uuid[]) THEN array_agg(id) END AS written_ids,
        (CASE WHEN bool_or(status = 'pending') THEN pg_notify('taskq_jobs', %(queue)s::text) END) IS NULL AS _n
 FROM ins;
 
@@ -257,3 +285,121 @@ WITH s AS (
     FROM ins WHERE t.name = ins.schedule
 )
 SELECT ins.id, ins.scheduled_for, pg_notify('taskq_jobs', ins.queue) IS NULL AS _n FROM ins;
+
+-- name: job_requeue
+-- The operator's requeue of one job, in one statement: from failed, crashed or abandoned back to
+-- pending, due now, with a fresh budget (max_attempts = attempt + the budget: the actor's max_attempts
+-- when the caller knows the actor, else the job's own). attempt and claim_epoch are never lowered, so a
+-- zombie of an earlier attempt still fails its fence. Error, worker and cancel fields are cleared (and a
+-- deadline already passed, which would fail the rerun at once); progress and job_attempts are kept.
+-- (Every terminal write already cleared lock_expires_at, and a failure status has no result: the
+-- client role, which runs this, may write neither.)
+-- Left unchanged: any other status (requeued false), or a row whose unique key another job holds
+-- (conflict names it). A holder committed after this statement's snapshot surfaces as a unique
+-- violation, which the caller retries with a fresh snapshot.
+WITH target AS (
+    SELECT id, status AS prev, actor, queue, unique_key, attempt, claim_epoch, max_attempts, error_class
+    FROM taskq.jobs WHERE id = %(id)s
+    FOR UPDATE
+), holder AS (
+    SELECT h.id
+    FROM target AS t JOIN taskq.jobs AS h ON h.unique_key = t.unique_key AND h.id <> t.id
+    WHERE t.prev IN ('failed', 'crashed', 'abandoned')
+      AND (h.unique_scope = 'retained' OR h.status IN ('pending', 'scheduled', 'running'))
+    LIMIT 1
+), upd AS (
+    UPDATE taskq.jobs AS j SET
+        status = 'pending',
+        scheduled_at = now(),
+        max_attempts = least(j.attempt::bigint + coalesce(%(attempts)s::int, b.max_attempts, j.max_attempts),
+                             2147483647)::int,
+        requeue_count = j.requeue_count + 1,
+        started_at = NULL, finished_at = NULL, worker_id = NULL,
+        cancel_phase = 0, cancel_requested_at = NULL, cancel_reason = NULL,
+        error_class = NULL, error_message = NULL,
+        schedule_to_close = CASE WHEN j.schedule_to_close <= now() THEN NULL ELSE j.schedule_to_close END
+    FROM target AS t
+    LEFT JOIN unnest(%(actor_names)s::text[], %(actor_max_attempts)s::int[]) AS b(actor, max_attempts)
+           ON b.actor = t.actor
+    WHERE j.id = t.id AND t.prev IN ('failed', 'crashed', 'abandoned') AND NOT EXISTS (SELECT 1 FROM holder)
+    RETURNING j.id, j.queue, j.attempt, j.claim_epoch, j.max_attempts, j.requeue_count
+), ev AS (
+    INSERT INTO taskq.job_events (job_id, kind, from_status, to_status, attempt, detail)
+    SELECT u.id, 'requeued', t.prev, 'pending', u.attempt,
+           jsonb_strip_nulls(jsonb_build_object(
+               'reason', %(reason)s::text, 'origin', 'operator', 'claim_epoch', u.claim_epoch,
+               'requeue_count', u.requeue_count, 'max_attempts_from', t.max_attempts,
+               'max_attempts_to', u.max_attempts, 'error_class', t.error_class))
+    FROM upd AS u JOIN target AS t ON t.id = u.id
+)
+SELECT t.prev, u.id IS NOT NULL AS requeued, (SELECT id FROM holder) AS conflict_job_id,
+       (CASE WHEN u.id IS NOT NULL THEN pg_notify('taskq_jobs', u.queue) END) IS NULL AS _n
+FROM target AS t LEFT JOIN upd AS u ON u.id = t.id;
+
+-- name: job_requeue_where_batch
+-- One bounded batch of a bulk requeue (job_requeue for every matching failed, crashed or abandoned
+-- job with an id above the cursor, in id order); the caller commits and goes on from the last id the
+-- batch scanned until a batch scans nothing. Rows whose key is held stay as they are, and are passed
+-- over rather than selected again. Two rows of one batch that share a key and have no other holder:
+-- the first is requeued and the others conflict with it.
+WITH target AS (
+    SELECT id, status AS prev, actor, unique_key, max_attempts, error_class
+    FROM taskq.jobs
+    WHERE (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+      AND (%(actors)s::text[] IS NULL OR actor = ANY(%(actors)s::text[]))
+      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+      AND (%(tags)s::text[] IS NULL OR tags @> %(tags)s::text[])
+      AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s::timestamptz)
+      AND (%(created_after)s::timestamptz IS NULL OR created_at > %(created_after)s::timestamptz)
+      AND status IN ('failed', 'crashed', 'abandoned')
+      AND (%(after)s::uuid IS NULL OR id > %(after)s::uuid)
+    ORDER BY id
+    LIMIT %(limit)s
+    FOR UPDATE
+), ext AS (
+    -- the job that holds the key, if any (a retained row of this same batch can be one: it keeps its
+    -- key in every status)
+    SELECT t.*,
+           (SELECT h.id FROM taskq.jobs AS h
+            WHERE t.unique_key IS NOT NULL AND h.unique_key = t.unique_key AND h.id <> t.id
+              AND (h.unique_scope = 'retained' OR h.status IN ('pending', 'scheduled', 'running'))
+            LIMIT 1) AS holder
+    FROM target AS t
+), decided AS (
+    SELECT e.*,
+           coalesce(e.holder, CASE WHEN e.unique_key IS NOT NULL THEN nullif(
+               first_value(e.id) OVER (PARTITION BY e.unique_key, e.holder IS NULL ORDER BY e.id), e.id) END)
+               AS conflict_job_id
+    FROM ext AS e
+), upd AS (
+    UPDATE taskq.jobs AS j SET
+        status = 'pending',
+        scheduled_at = now(),
+        max_attempts = least(j.attempt::bigint + coalesce(%(attempts)s::int, b.max_attempts, j.max_attempts),
+                             2147483647)::int,
+        requeue_count = j.requeue_count + 1,
+        started_at = NULL, finished_at = NULL, worker_id = NULL,
+        cancel_phase = 0, cancel_requested_at = NULL, cancel_reason = NULL,
+        error_class = NULL, error_message = NULL,
+        schedule_to_close = CASE WHEN j.schedule_to_close <= now() THEN NULL ELSE j.schedule_to_close END
+    FROM decided AS d
+    LEFT JOIN unnest(%(actor_names)s::text[], %(actor_max_attempts)s::int[]) AS b(actor, max_attempts)
+           ON b.actor = d.actor
+    WHERE j.id = d.id AND d.conflict_job_id IS NULL
+    RETURNING j.id, j.queue, j.attempt, j.claim_epoch, j.max_attempts, j.requeue_count
+), ev AS (
+    INSERT INTO taskq.job_events (job_id, kind, from_status, to_status, attempt, detail)
+    SELECT u.id, 'requeued', d.prev, 'pending', u.attempt,
+           jsonb_strip_nulls(jsonb_build_object(
+               'reason', %(reason)s::text, 'origin', 'operator', 'bulk', true, 'claim_epoch', u.claim_epoch,
+               'requeue_count', u.requeue_count, 'max_attempts_from', d.max_attempts,
+               'max_attempts_to', u.max_attempts, 'error_class', d.error_class))
+    FROM upd AS u JOIN decided AS d ON d.id = u.id
+), notified AS (
+    SELECT pg_notify('taskq_jobs', q.queue) FROM (SELECT DISTINCT queue FROM upd) AS q
+)
+SELECT d.id, d.prev, u.id IS NOT NULL AS requeued, d.conflict_job_id,
+       (SELECT count(*) FROM notified) AS _n
+FROM decided AS d LEFT JOIN upd AS u ON u.id = d.id
+ORDER BY d.id;

@@ -11,12 +11,15 @@ WHERE j.status = 'running'
   AND greatest(j.lock_expires_at, w.lease_expires_at) < now() - %(stale_after)s::float8 * interval '1 second';
 
 -- name: inv_terminal_events
--- Exactly one terminal state_change per terminal job, none for an unfinished one.
+-- Exactly one terminal state_change per terminal job since its last requeue (an operator's requeue
+-- starts a new run), none for an unfinished one.
 SELECT j.id AS job_id, format('status %%s with %%s terminal state changes', j.status, count(e.id)) AS detail
 FROM taskq.jobs AS j
 LEFT JOIN taskq.job_events AS e
        ON e.job_id = j.id AND e.kind = 'state_change'
       AND e.to_status IN ('succeeded', 'failed', 'cancelled', 'crashed', 'abandoned')
+      AND e.id > coalesce((SELECT max(r.id) FROM taskq.job_events AS r
+                           WHERE r.job_id = j.id AND r.kind = 'requeued'), 0)
 GROUP BY j.id, j.status
 HAVING count(e.id) <> CASE WHEN j.status IN ('succeeded', 'failed', 'cancelled', 'crashed', 'abandoned')
                            THEN 1 ELSE 0 END;
@@ -65,13 +68,13 @@ GROUP BY j.id, j.interrupt_count
 HAVING count(e.id) <> j.interrupt_count;
 
 -- name: inv_timeline_chained
--- A job that left the queue has a timeline; each state change starts where the previous one ended,
--- and the last one ends at the row's status.
+-- A job that left the queue has a timeline; each state change (a requeue is one) starts where the
+-- previous one ended, and the last one ends at the row's status.
 WITH changes AS (
     SELECT e.job_id, e.id, e.at, e.from_status, e.to_status,
            lag(e.to_status) OVER w AS prev_to, lag(e.at) OVER w AS prev_at
     FROM taskq.job_events AS e
-    WHERE e.kind = 'state_change'
+    WHERE e.kind IN ('state_change', 'requeued')
     WINDOW w AS (PARTITION BY e.job_id ORDER BY e.id)
 ), broken AS (
     SELECT job_id, format('event %%s goes %%s -> %%s after -> %%s', id, from_status, to_status, prev_to) AS detail
@@ -94,6 +97,45 @@ FROM taskq.jobs
 WHERE schedule IS NOT NULL AND unique_key IS NOT NULL
 GROUP BY schedule, scheduled_for
 HAVING count(*) > 1;
+
+-- name: inv_requeues_have_events
+-- Every requeue the row counts has its 'requeued' event, and no event is without one.
+SELECT j.id AS job_id, format('requeue_count %%s but %%s requeued events', j.requeue_count, count(e.id)) AS detail
+FROM taskq.jobs AS j
+LEFT JOIN taskq.job_events AS e ON e.job_id = j.id AND e.kind = 'requeued'
+GROUP BY j.id, j.requeue_count
+HAVING count(e.id) <> j.requeue_count;
+
+-- name: inv_requeue_monotonic
+-- A requeue keeps attempt and claim_epoch: the event records the attempt of the claim it followed,
+-- the row never goes below them afterwards, and every later claim numbers on from there.
+SELECT e.job_id,
+       format('requeue event %%s at attempt %%s, claim_epoch %%s; row at attempt %%s, claim_epoch %%s%%s',
+              e.id, e.attempt, e.detail ->> 'claim_epoch', j.attempt, j.claim_epoch,
+              CASE WHEN bad.claim_epoch IS NOT NULL
+                   THEN format(', later claim %%s numbered %%s', bad.claim_epoch, bad.attempt) ELSE '' END) AS detail
+FROM taskq.job_events AS e
+JOIN taskq.jobs AS j ON j.id = e.job_id
+LEFT JOIN LATERAL (
+    SELECT a.claim_epoch, a.attempt FROM taskq.job_attempts AS a
+    WHERE a.job_id = e.job_id AND a.claim_epoch > (e.detail ->> 'claim_epoch')::bigint AND a.attempt <= e.attempt
+    LIMIT 1
+) AS bad ON true
+WHERE e.kind = 'requeued'
+  AND (e.attempt > j.attempt OR (e.detail ->> 'claim_epoch')::bigint > j.claim_epoch OR bad.claim_epoch IS NOT NULL
+       OR NOT EXISTS (SELECT 1 FROM taskq.job_attempts AS a
+                      WHERE a.job_id = e.job_id AND a.claim_epoch = (e.detail ->> 'claim_epoch')::bigint
+                        AND a.attempt = e.attempt));
+
+-- name: inv_unique_key_single_holder
+-- At most one non-terminal job per unique key, and a retained row shares its key with no other live
+-- or retained row (jobs_unique_key_idx enforces it; this proves it on the data).
+SELECT id AS job_id, format('unique key %%s held by %%s jobs at once', unique_key, holders) AS detail
+FROM (SELECT id, unique_key, count(*) OVER (PARTITION BY unique_key) AS holders
+      FROM taskq.jobs
+      WHERE unique_key IS NOT NULL
+        AND (unique_scope = 'retained' OR status IN ('pending', 'scheduled', 'running'))) AS held
+WHERE holders > 1;
 
 -- name: inv_summary_status
 SELECT status, count(*) AS n FROM taskq.jobs GROUP BY status ORDER BY status;

@@ -42,17 +42,20 @@ GRANT SELECT ON taskq.schema_migrations TO :"worker_role";
 -- the scheduler: upserts its code's declarations, disables the ones gone, fires slots (never deletes)
 GRANT SELECT, INSERT, UPDATE ON taskq.schedules TO :"worker_role";
 
--- CLIENT (JobsClient and the CLI's enqueue, cancel, jobs, job): enqueue, cancel, read.
+-- CLIENT (JobsClient and the CLI's enqueue, cancel, requeue, jobs, job): enqueue, cancel, requeue, read.
 -- It inserts only the columns of a new job (so only a pending or scheduled row: the CHECK constraints
 -- refuse any other status without the columns it may not set) and updates only the cancel columns
--- (cancelling a waiting job, or flagging a running one for its worker). It cannot claim a job, write
--- a result, touch attempts or the worker registry, delete anything or change the schema.
+-- (cancelling a waiting job, or flagging a running one for its worker) and the columns an operator's
+-- requeue resets (a failed, crashed or abandoned job back to pending; worker_id is cleared, never set:
+-- without lock_expires_at no row can be made running). It cannot claim a job, write a result, touch
+-- attempts or the worker registry, delete anything or change the schema.
 GRANT SELECT ON taskq.jobs TO :"client_role";
 GRANT INSERT (id, actor, queue, payload, status, priority, tags, max_attempts, scheduled_at,
               schedule_to_close, parent_id, unique_key, unique_scope,
               schedule, scheduled_for)
     ON taskq.jobs TO :"client_role";
-GRANT UPDATE (status, cancel_phase, cancel_requested_at, cancel_reason, error_class, finished_at)
+GRANT UPDATE (status, cancel_phase, cancel_requested_at, cancel_reason, error_class, finished_at,
+              scheduled_at, max_attempts, requeue_count, started_at, worker_id, error_message, schedule_to_close)
     ON taskq.jobs TO :"client_role";
 GRANT SELECT, INSERT ON taskq.job_events TO :"client_role";
 GRANT SELECT ON taskq.job_attempts TO :"client_role";

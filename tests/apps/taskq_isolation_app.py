@@ -123,6 +123,14 @@ def checkpoints(payload: int, ctx: JobContext[int]) -> dict[str, Any]:
     return {"before": before, "last": ctx.last_progress, "kid": str(kid.job_id)}
 
 
+@actor(name="iso.proc.unique_kids", isolation="process")
+def unique_kids(payload: str, ctx: JobContext[str]) -> dict[str, Any]:
+    """Two child jobs with one unique key, from a child process: the second is the first's handle."""
+    one = ctx.jobs.enqueue("iso.proc.whoami", 1, unique_key=payload)
+    two = ctx.jobs.enqueue("iso.proc.whoami", 2, unique_key=payload)
+    return {"created": [one.created, two.created], "same": one.job_id == two.job_id, "kid": str(one.job_id)}
+
+
 class Boom(ValueError):
     pass
 
@@ -150,4 +158,4 @@ async def waits(payload: float, ctx: JobContext[float]) -> int:
     raise asyncio.CancelledError
 
 
-actors = [whoami, cooperative, stubborn, deaf, die_once, checkpoints, fails, sleeps, waits]
+actors = [whoami, cooperative, stubborn, deaf, die_once, checkpoints, unique_kids, fails, sleeps, waits]

@@ -75,6 +75,18 @@ async def test_a_healthy_history_has_no_violations(dsn: str, client: JobsClient)
             "inv_stuck_running",
         ),
         ("UPDATE taskq.jobs SET interrupt_count = 2", "inv_interrupts_match_releases"),
+        ("UPDATE taskq.jobs SET requeue_count = 1", "inv_requeues_have_events"),
+        (
+            "INSERT INTO taskq.job_events (job_id, kind, from_status, to_status, attempt, detail) "
+            "SELECT id, 'requeued', 'failed', 'pending', 3, '{\"claim_epoch\": 3}' FROM taskq.jobs",
+            "inv_requeue_monotonic",
+        ),
+        (
+            "DROP INDEX taskq.jobs_unique_key_idx; "
+            "INSERT INTO taskq.jobs (actor, unique_key, unique_scope) "
+            "VALUES ('x', 'k', 'active'), ('x', 'k', 'active')",
+            "inv_unique_key_single_holder",
+        ),
     ],
 )
 async def test_each_kind_of_corruption_is_reported(

@@ -220,3 +220,12 @@ async def test_shutdown_interrupts_a_process_actor_and_releases_its_job(
     assert row.status is JobStatus.PENDING and row.interrupt_count == 1 and row.cancel_requested_at is None
     assert worker.summary["released"] == [str(handle.job_id)]
     assert cleanup.read_text() == "finally ran"  # SIGTERM at the shutdown's force step unwound the actor
+
+
+async def test_a_process_actor_enqueues_children_with_a_unique_key(dsn: str, client: JobsClient) -> None:
+    async with running_worker(dsn, ACTORS):
+        row = await (await client.enqueue("iso.proc.unique_kids", "kid-key")).wait(timeout=30)
+    assert row.result["created"] == [True, False] and row.result["same"] is True
+    kid = await client.get(row.result["kid"])
+    assert kid is not None and kid.row is not None
+    assert kid.row.unique_key == "kid-key" and kid.row.parent_id == row.id

@@ -186,6 +186,25 @@ async def test_client_role_enqueues_cancels_and_reads(roles: Roles) -> None:
         assert bulk.total == 5
         assert [e.to_status for e in await client.events(later.job_id)] == [JobStatus.CANCELLED]
         assert await client.attempts(first.job_id) == []
+        keyed = await client.enqueue("sec.echo", {"text": "k"}, unique_key="sec-key")
+        dup = await client.enqueue("sec.echo", {"text": "k"}, unique_key="sec-key")
+        assert keyed.created and not dup.created and dup.job_id == keyed.job_id
+
+
+async def test_client_role_requeues_a_failed_job(roles: Roles, dsn: str) -> None:
+    async with await JobsClient.connect(roles.client_dsn, registry=registry) as client:
+        async with running_worker(roles.worker_dsn, registry):
+            handle = await client.enqueue(fail, Msg(text="x"), tags=("requeue-me",))
+            await wait_for(lambda: _has_ended(client, handle.job_id), timeout=20)
+        result = await client.requeue(handle.job_id, reason="operator")
+        assert result.requeued and result.new_status is JobStatus.PENDING
+        query(dsn, "UPDATE taskq.jobs SET status = 'failed', finished_at = now() WHERE id = %s", handle.job_id)
+        bulk = await client.requeue_where(JobFilter(tags=("requeue-me",)))
+        assert bulk.job_ids == (handle.job_id,)
+
+
+async def _has_ended(client: JobsClient, job_id: uuid.UUID) -> bool:
+    return (await status_of(client, job_id)).is_terminal
 
 
 async def test_worker_role_claims_finishes_retries_sweeps_and_releases(roles: Roles, dsn: str) -> None:

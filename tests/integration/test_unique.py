@@ -11,7 +11,7 @@ from testkit import query, running_worker, wait_for
 
 from taskq import JobContext, JobsClient, JobStatus, RetryPolicy
 from taskq.actors.declaration import ActorRegistry, actor
-from taskq.client import derive_unique_key
+from taskq.unique import derive_unique_key
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -96,6 +96,60 @@ async def test_twenty_concurrent_connections_enqueueing_one_key_give_one_row_and
     pooled = await asyncio.gather(*(client.enqueue("race.two", i, unique_key="pooled") for i in range(20)))
     assert len({h.job_id for h in pooled}) == 1 and sum(h.created for h in pooled) == 1
     assert job_count(dsn, "pooled") == 1
+
+
+async def test_concurrent_batches_with_overlapping_keys_write_each_key_once(dsn: str, client: JobsClient) -> None:
+    """Eight enqueue_many calls at once, each with the same 50 keys in its own order (some also in the
+    caller's transaction): one row per key, and every call's handles point at those rows."""
+    import random
+
+    keys = [f"k{i:02d}" for i in range(50)]
+    conns = [await psycopg.AsyncConnection.connect(dsn) for _ in range(3)]
+
+    async def batch(n: int) -> list[Any]:
+        mine = keys[:]
+        random.Random(n).shuffle(mine)
+        if n < len(conns):
+            async with conns[n].transaction():
+                return await client.enqueue_many("many.race", mine, unique_key=mine, connection=conns[n])
+        return await client.enqueue_many("many.race", mine, unique_key=mine)
+
+    try:
+        results = await asyncio.gather(*(batch(n) for n in range(8)))
+    finally:
+        for c in conns:
+            await c.close()
+    assert job_count(dsn) == 50
+    by_key = dict(query(dsn, "SELECT unique_key, id FROM taskq.jobs"))
+    for n, handles in enumerate(results):
+        mine = keys[:]
+        random.Random(n).shuffle(mine)
+        assert [h.job_id for h in handles] == [by_key[k] for k in mine]
+    assert sum(h.created for handles in results for h in handles) == 50
+
+
+async def test_a_batch_that_meets_a_key_committed_meanwhile_returns_that_holder(
+    dsn: str, client: JobsClient
+) -> None:
+    """The batch's plain INSERT waits on a key another transaction holds uncommitted, then fails with a
+    unique violation when it commits: the batch goes the ON CONFLICT way and reports that holder."""
+    async with await psycopg.AsyncConnection.connect(dsn) as other:
+        async with other.transaction():
+            theirs = await client.enqueue("meanwhile", 0, unique_key="contested", connection=other)
+            batch = asyncio.create_task(
+                client.enqueue_many("meanwhile", [1, 2, 3], unique_key=["a-free", "contested", "z-free"])
+            )
+            await wait_for(lambda: _waiting_on_a_lock(dsn), timeout=20)
+        handles = await asyncio.wait_for(batch, 20)
+    assert [h.created for h in handles] == [True, False, True]
+    assert handles[1].job_id == theirs.job_id
+    assert job_count(dsn) == 3
+
+
+def _waiting_on_a_lock(dsn: str) -> bool:
+    rows = query(dsn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                      "AND query LIKE '%%INSERT INTO taskq.jobs%%'")
+    return bool(rows[0][0])
 
 
 async def test_inside_the_callers_transaction_the_key_is_held_then_freed_by_the_rollback(
