@@ -451,16 +451,7 @@ COMMANDS: tuple[Command, ...] = (
         "job", cmd_job, "show one job: its row, events timeline and attempts",
         (arg("job_id", type=job_id_arg, metavar="ID"), JSON_ARG),
     ),
-    Command("schedules", cli_schedules.cmd_schedules, "list the periodic schedules: next and last run, state",
-            (JSON_ARG,)),
-    Command(
-        "schedule", cli_schedules.cmd_schedule, "pause, resume or trigger one schedule",
-        (arg("action", choices=cli_schedules.ACTIONS, metavar="ACTION", help="pause, resume or trigger"),
-         arg("name", metavar="NAME", help="the schedule's name"), JSON_ARG),
-        description="pause: make no slot job until resumed. resume: make them again (the slots passed "
-        "meanwhile are misfires, handled by the schedule's misfire policy). trigger: enqueue one job now, "
-        "outside the slot sequence, even when paused; prints its id.",
-    ),
+    *cli_schedules.commands(),
     Command(
         "worker", cmd_worker, "run one worker in the foreground",
         (APP_ARG, *settings_args()),

@@ -1,15 +1,22 @@
 """`taskq schedules` and `taskq schedule pause|resume|trigger NAME`: the CLI face of taskq.schedule_admin.
-Registered in taskq.cli's COMMANDS; errors follow its contract (2 usage, 4 no such schedule)."""
+
+Registered in `taskq.cli.COMMANDS` through `commands()`; errors follow its contract (2 usage, 4 no such
+schedule). Imports nothing from taskq.cli at import time (taskq.cli imports it), only inside functions.
+"""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from taskq import cli_output
 from taskq.client import JobsClient
 from taskq.models import ScheduleInfo
 from taskq.schedule_admin import check_schedule_name
+
+if TYPE_CHECKING:
+    from taskq.cli import Command
 
 ACTIONS = ("pause", "resume", "trigger")
 SCHEDULE_COLUMNS = ("name", "schedule", "timezone", "next run (UTC)", "last run (UTC)", "last outcome", "enabled")
@@ -73,3 +80,20 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         return ExitCode.OK
 
     return with_client(args, body)
+
+
+def commands() -> tuple[Command, ...]:
+    from taskq.cli import JSON_ARG, Command, arg
+
+    return (
+        Command("schedules", cmd_schedules, "list the periodic schedules: next and last run, state", (JSON_ARG,)),
+        Command(
+            "schedule", cmd_schedule, "pause, resume or trigger one schedule",
+            (arg("action", choices=ACTIONS, metavar="ACTION", help="pause, resume or trigger"),
+             arg("name", metavar="NAME", help="the schedule's name"), JSON_ARG),
+            description="pause: make no slot job until resumed. resume: make them again (the slots passed "
+            "meanwhile are misfires, handled by the schedule's misfire policy). trigger: enqueue one job now, "
+            "outside the slot sequence, even when paused; prints its id. Exit codes: 0 done, 2 bad arguments "
+            "or name, 4 no such schedule.",
+        ),
+    )
