@@ -14,3 +14,9 @@ async def fleet_tick(payload: int, ctx: JobContext[int]) -> None:
 
 
 app = [fleet_tick, Schedule(name="fleet-every-second", actor=fleet_tick, every=timedelta(seconds=1), payload=0)]
+
+
+@actor(name="fleet.slot_in_child", isolation="process", max_attempts=1)
+def slot_in_child(payload: int, ctx: JobContext[int]) -> str | None:
+    """Runs in a child process: returns the nominal slot time the child's ctx sees."""
+    return ctx.scheduled_for.isoformat() if ctx.scheduled_for is not None else None

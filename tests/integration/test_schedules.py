@@ -108,6 +108,22 @@ async def test_slot_jobs_carry_their_nominal_time_and_a_retained_slot_key(dsn: s
     assert row["next_run_at"] > slots[-1]
 
 
+async def test_a_process_actor_sees_its_slot_in_ctx_scheduled_for(dsn: str) -> None:
+    from apps.taskq_schedule_app import slot_in_child
+
+    reg = ActorRegistry([Schedule(name="in-child", actor=slot_in_child, every=SECOND, payload=0)], owner="tests")
+    async with running_worker(dsn, reg, **FAST):
+        await wait_for(lambda: _succeeded(dsn, "in-child"), timeout=40)
+    rows = await fetch(dsn, "SELECT scheduled_for, result FROM taskq.jobs WHERE schedule = 'in-child'"
+                            " AND status = 'succeeded'")
+    assert rows and all(datetime.fromisoformat(result) == scheduled_for for scheduled_for, result in rows)
+
+
+async def _succeeded(dsn: str, schedule: str) -> bool:
+    rows = await fetch(dsn, "SELECT count(*) FROM taskq.jobs WHERE schedule = %s AND status = 'succeeded'", schedule)
+    return bool(rows[0][0] >= 1)
+
+
 async def test_two_schedulers_on_one_database_make_exactly_one_job_per_slot(dsn: str) -> None:
     reg = ActorRegistry(owner="tests")
 
