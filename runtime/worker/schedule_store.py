@@ -88,7 +88,7 @@ class ScheduleStore:
             if not read.due:
                 return read, [], 0
             fires = plan(read)
-            return read, fires, await self._fire(conn, fires)
+            return read, fires, (await self._fire(conn, fires)) if fires else 0
 
     async def _due(self, conn: AsyncConnection[Any], limit: int) -> DueRead:
         cur = await conn.execute(sql.query("schedule_due"), {"limit": limit})

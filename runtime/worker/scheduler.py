@@ -25,10 +25,19 @@ WAKE_MARGIN = 0.002
 
 
 def plan_fires(read: DueRead) -> list[Fire]:
+    """The slots of every due schedule. A row this process cannot compute (a time zone missing from
+    this host's zone data, an expression a newer taskq stored) is left out and logged: it stays due for
+    a scheduler that can, and the other schedules go on."""
     fires = []
     for due in read.due:
-        plan = plan_tick(due.spec, due.next_run_at, read.now, misfire=due.misfire, max_catch_up=due.max_catch_up,
-                         misfire_grace=due.misfire_grace, overlap=due.overlap, resumed_at=due.resumed_at)
+        try:
+            plan = plan_tick(due.spec, due.next_run_at, read.now, misfire=due.misfire,
+                             max_catch_up=due.max_catch_up, misfire_grace=due.misfire_grace, overlap=due.overlap,
+                             resumed_at=due.resumed_at)
+        except Exception as exc:
+            log.error("schedule %s: cannot compute its slots here (%s: %s); left to other schedulers",
+                      due.name, type(exc).__name__, exc)
+            continue
         fires.append(Fire(due.name, plan.slots, plan.missed, plan.next_run_at))
         if plan.missed:
             log.warning("schedule %s: %d slot(s) missed (misfire=%s)", due.name, plan.missed, due.misfire)

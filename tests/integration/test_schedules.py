@@ -173,6 +173,20 @@ async def _count(dsn: str, schedule: str, n: int) -> bool:
     return len(await slot_jobs(dsn, schedule)) >= n
 
 
+async def test_a_schedule_row_this_host_cannot_compute_does_not_stop_the_others(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    reg, _ = tick_app()
+    # as a newer taskq, or a host with other zone data, might have stored it
+    await fetch(dsn, "INSERT INTO taskq.schedules (name, actor, queue, cron, timezone, definition, next_run_at, owner)"
+                     " VALUES ('alien', 'sched.tick', 'default', '0 3 * * *', 'Nowhere/Atlantis', 'x', now(), 'other')")
+    with caplog.at_level(logging.ERROR, logger="taskq.scheduler"):
+        async with running_worker(dsn, reg, **FAST):
+            await wait_for(lambda: _count(dsn, "tick", 3), timeout=20)
+    assert "schedule alien: cannot compute its slots here" in caplog.text
+    assert await slot_jobs(dsn, "alien") == []
+
+
 # -- misfires: the fleet stopped for at least five slots -------------------------------------------------
 
 GRACE = 2.0
