@@ -203,3 +203,19 @@ def test_overlap_skip_makes_at_most_the_latest_slot() -> None:
 def test_nothing_due_yet_makes_nothing() -> None:
     p = plan("catch_up", next_run_at=utc(2026, 6, 1, 12, 0, 11))
     assert p.slots == [] and p.missed == 0 and p.next_run_at == utc(2026, 6, 1, 12, 0, 11)
+
+
+def test_ticks_across_the_transitions_make_each_nightly_slot_once() -> None:
+    def tick(next_run_at: datetime, now: datetime) -> TickPlan:
+        return plan_tick(nightly(), next_run_at, now, misfire="skip", max_catch_up=10, misfire_grace=60,
+                         overlap="allow")
+
+    # spring: the missing 02:30 is made at 03:00 CEST, once
+    spring = tick(utc(2026, 3, 28, 0, 30), utc(2026, 3, 29, 1, 0, 5))
+    assert spring.slots == [utc(2026, 3, 29, 1, 0)] and spring.missed == 1  # 2026-03-28's slot, long past
+    assert spring.next_run_at == utc(2026, 3, 30, 0, 30)
+    # fall: the first 02:30 (CEST) is made; the second 02:30 (CET) an hour later makes nothing
+    first = tick(utc(2026, 10, 25, 0, 30), utc(2026, 10, 25, 0, 30, 5))
+    assert first.slots == [utc(2026, 10, 25, 0, 30)] and first.next_run_at == utc(2026, 10, 26, 1, 30)
+    second = tick(first.next_run_at, utc(2026, 10, 25, 1, 30, 5))
+    assert second.slots == [] and second.next_run_at == first.next_run_at
