@@ -384,8 +384,8 @@ RETURNING name;
 
 -- name: schedule_due
 -- A tick's read, in the tick's transaction: lock the due schedules (another scheduler skips them) and
--- tell the database's clock and the next slot of the others, to know when to wake. Always one row at
--- least (NULL schedule columns when nothing is due).
+-- tell the database's clock, the next slot of the others (to know when to wake) and whether any
+-- schedule is enabled at all. Always one row at least (NULL schedule columns when nothing is due).
 WITH due AS (
     SELECT name, cron, every_seconds, timezone, misfire, max_catch_up, misfire_grace, overlap, next_run_at,
            resumed_at
@@ -398,6 +398,7 @@ WITH due AS (
 SELECT now() AS now,
        (SELECT min(next_run_at) FROM taskq.schedules
         WHERE enabled AND paused_at IS NULL AND next_run_at > now()) AS upcoming,
+       EXISTS (SELECT 1 FROM taskq.schedules WHERE enabled) AS any_enabled,
        due.name, due.cron, due.every_seconds, due.timezone, due.misfire, due.max_catch_up, due.misfire_grace,
        due.overlap, due.next_run_at, due.resumed_at
 FROM (SELECT 1) AS one

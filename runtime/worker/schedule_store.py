@@ -33,7 +33,9 @@ class DueRead:
     now: datetime
     """The database's clock at the start of the tick's transaction."""
     upcoming: datetime | None
-    """The earliest next slot of the schedules that are not due (None: none enabled)."""
+    """The earliest next slot of the schedules that are not due (None: none enabled and unpaused)."""
+    any_enabled: bool
+    """Whether the table has an enabled schedule at all (paused or not)."""
     due: list[DueSchedule]
 
 
@@ -95,10 +97,10 @@ class ScheduleStore:
         rows = await cur.fetchall()
         due = [
             DueSchedule(name, SlotSpec(cron, every, tz), misfire, max_catch_up, grace, overlap, next_run_at, resumed)
-            for _, _, name, cron, every, tz, misfire, max_catch_up, grace, overlap, next_run_at, resumed in rows
+            for _, _, _, name, cron, every, tz, misfire, max_catch_up, grace, overlap, next_run_at, resumed in rows
             if name is not None
         ]
-        return DueRead(now=rows[0][0], upcoming=rows[0][1], due=due)
+        return DueRead(now=rows[0][0], upcoming=rows[0][1], any_enabled=bool(rows[0][2]), due=due)
 
     async def _fire(self, conn: AsyncConnection[Any], fires: Sequence[Fire]) -> int:
         slot_names = [f.name for f in fires for _ in f.slots]

@@ -18,6 +18,10 @@ log = logging.getLogger("taskq.scheduler")
 
 TICK_LIMIT = 500
 """Schedules one tick takes at most; a tick that got this many runs again at once."""
+IDLE_POLL_INTERVAL = 10.0
+"""Seconds between two looks while the table holds no enabled schedule: a schedule declared later is
+fired by the worker that declares it (it runs a scheduler too) from its start, so nothing waits on
+this; it only keeps an idle fleet's schedulers off the database."""
 START_JITTER = 0.5
 """Seconds: the most the first tick after a worker starts waits."""
 WAKE_MARGIN = 0.002
@@ -57,12 +61,16 @@ class Scheduler:
         """Tick until cancelled. The first tick waits a random part of the poll interval: a fleet that
         restarts together does not tick in step, and the worker's first claim is not kept waiting."""
         await asyncio.sleep(random.uniform(0.0, min(self.poll_interval, START_JITTER)))
+        failures = 0
         while True:
             try:
                 delay = await self.tick_once()
+                failures = 0
             except Exception as exc:
-                log.warning("schedule tick failed: %s", exc)
-                delay = self.poll_interval
+                # the database is away: back off (the slots stay due; the first tick back makes them)
+                failures += 1
+                delay = min(self.poll_interval * 2 ** (failures - 1), IDLE_POLL_INTERVAL)
+                log.warning("schedule tick failed (%d in a row, next try in %.1fs): %s", failures, delay, exc)
             await asyncio.sleep(delay)
 
     async def sync(self) -> None:
@@ -88,6 +96,6 @@ class Scheduler:
             return 0.0
         wake = [t for t in (read.upcoming, *(f.next_run_at for f in fires)) if t is not None]
         if not wake:
-            return self.poll_interval
+            return self.poll_interval if read.any_enabled else max(self.poll_interval, IDLE_POLL_INTERVAL)
         until = (min(wake) - read.now).total_seconds() - (time.monotonic() - started) + WAKE_MARGIN
         return max(0.0, min(self.poll_interval, until))
