@@ -1,17 +1,14 @@
 """The backend's unique enqueue (part of the SQL layer, split from backend.py by noun): write a job
 unless its key is held, and find the holder when it is.
 
-Two ways to write, both race-free because jobs_unique_key_idx decides:
-
-* `INSERT ... ON CONFLICT DO NOTHING`, then the holder read in a second statement (a fresh snapshot,
-  so a holder that committed while the insert waited is seen). Used in the caller's transaction,
-  where an error would abort the caller's own work, and for single jobs.
-* For a batch on the pool's own autocommit connection: a plain INSERT of the rows whose key no
-  visible job holds. Speculative insertion (ON CONFLICT) costs the server about 4 us more per row
-  (measured: benchmarks/README.md), a third of what the whole batch insert costs. A key taken by a
-  transaction that commits in between makes the plain INSERT fail with a unique violation, having
-  written nothing; the batch then goes the ON CONFLICT way. Only such a race writes an error to the
-  server's log; an ordinary duplicate is filtered out without one.
+`INSERT ... ON CONFLICT DO NOTHING` against jobs_unique_key_idx, then the holder read in a second
+statement (a fresh snapshot, so a holder that committed while the insert waited is seen). The index
+decides, so it is race-free, and the arbiter is always that index whatever the planner knows of the
+table. (A plain INSERT behind a NOT EXISTS probe saves the server about 4 us a row, but the probe's
+plan follows the table statistics: planned while the table was small, it hashed the whole table on
+every batch once the table had grown, 10x slower. Not worth the risk; measured in benchmarks/README.md.)
+A batch's rows are sent in key order, so concurrent batches with overlapping keys wait on each
+other's keys in one order and cannot deadlock.
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
-from psycopg import AsyncConnection, errors
+from psycopg import AsyncConnection
 from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -87,14 +84,12 @@ async def insert_many_unique(pool: Pool, batch: JobBatch, conn: AsyncConnection[
             else:
                 first_of[key] = i
     send: Sequence[int] = range(len(keys)) if not repeats else [i for i in range(len(keys)) if i not in repeats]
-    if conn is not None:
-        skipped = await _on_conflict(conn, batch, send)
-    else:
-        pconn = await pool.getconn()
-        try:
-            skipped = await _prefiltered(pconn, batch, send)
-        finally:
-            await pool.putconn(pconn)
+    target = await pool.getconn() if conn is None else conn  # getconn: see Backend.job_insert_deferred
+    try:
+        skipped = await _on_conflict(target, batch, send)
+    finally:
+        if conn is None:
+            await pool.putconn(target)
     for i, first in repeats.items():
         skipped[i] = skipped.get(first, batch.ids[first])
     return skipped
@@ -113,27 +108,6 @@ def _params(batch: JobBatch, rows: Sequence[int]) -> dict[str, Any]:
     return params
 
 
-async def _prefiltered(conn: AsyncConnection[Any], batch: JobBatch, rows: Sequence[int]) -> dict[int, UUID]:
-    """Plain INSERT of the rows whose key no visible job holds; the holders of the others. A holder
-    that ends between the two statements leaves its row for the next pass. A unique violation (a key
-    taken by a transaction that committed meanwhile) wrote nothing of that pass: its rows go the
-    ON CONFLICT way."""
-    skipped: dict[int, UUID] = {}
-    for _ in range(UNIQUE_INSERT_TRIES):
-        try:
-            cur = await conn.execute(sql.query("job_insert_many_unique_prefiltered"), _params(batch, rows))
-        except errors.UniqueViolation:
-            return skipped | await _on_conflict(conn, batch, rows)
-        row = await cur.fetchone()
-        assert row is not None
-        if row[0] == len(rows):
-            return skipped  # every row written: the statement did not even send its ids back
-        rows = await _resolve(conn, batch, rows, set(row[1] or ()), skipped)
-        if not rows:
-            return skipped
-    raise _contention(rows)
-
-
 async def _on_conflict(conn: AsyncConnection[Any], batch: JobBatch, rows: Sequence[int]) -> dict[int, UUID]:
     """INSERT ... ON CONFLICT DO NOTHING, then the holders of the rows it skipped, until every row is
     written or has a holder."""
@@ -143,7 +117,7 @@ async def _on_conflict(conn: AsyncConnection[Any], batch: JobBatch, rows: Sequen
         row = await cur.fetchone()
         assert row is not None
         if row[0] == len(rows):
-            return skipped
+            return skipped  # every row written: the statement did not even send its ids back
         rows = await _resolve(conn, batch, rows, set(row[1] or ()), skipped)
         if not rows:
             return skipped

@@ -1,4 +1,4 @@
-"""The `taskq` command line: migrate the schema, enqueue, list, inspect and cancel jobs.
+"""The `taskq` command line: migrate the schema, enqueue, list, inspect, cancel and requeue jobs.
 
     taskq [--dsn DSN] COMMAND [OPTIONS]
 
@@ -25,8 +25,10 @@ TASKQ_DEBUG=1), never a password: DSNs are shown through `redact_dsn`, and any p
 supplied is scrubbed from every message before it is printed.
 
 Adding a command (e.g. `worker APP`): write `def cmd_x(args: argparse.Namespace) -> int` and add one
-`Command(...)` entry to COMMANDS. Handlers are synchronous on purpose: a command that forks (the
-supervisor) must do so before any event loop exists; the others call `asyncio.run` themselves.
+`Command(...)` entry to COMMANDS (or, as taskq.cli_lifecycle does, a module whose `commands()` COMMANDS
+unpacks, so that this file does not grow with every command). Handlers are synchronous on purpose: a
+command that forks (the supervisor) must do so before any event loop exists; the others call
+`asyncio.run` themselves.
 """
 
 from __future__ import annotations

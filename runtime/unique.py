@@ -73,7 +73,18 @@ def batch_unique_keys(
         raise ConfigurationError(
             f"unique_key has {len(unique_key)} keys for {len(encoded)} payloads: give one per payload (None for none)"
         )
-    keys = [None if k is None else check_unique_key(k) for k in unique_key]
-    return keys if any(k is not None for k in keys) else None
+    keys: list[str | None] = []
+    given = False
+    for k in unique_key:
+        # the common case checked inline (a short ASCII str), saving a function call per key
+        if type(k) is str and 0 < len(k) <= 255 and k.isascii() and "\x00" not in k:
+            keys.append(k)
+            given = True
+        elif k is None:
+            keys.append(None)
+        else:
+            keys.append(check_unique_key(k))
+            given = True
+    return keys if given else None
 
 

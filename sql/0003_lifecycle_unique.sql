@@ -7,10 +7,12 @@
 --   * a row of scope 'retained' stays in it in every status, until it is deleted: a key held by a
 --     retained row is taken for every later enqueue of that key, whatever the later call's scope.
 -- A terminal row of scope 'active' leaves the index and frees its key.
+-- The key is compared byte for byte (COLLATE "C"): the same uniqueness as any deterministic collation,
+-- without a locale's comparison cost on every index probe.
 -- requeue_count: how many times an operator put the row back to pending (each has a 'requeued' event).
 
 ALTER TABLE taskq.jobs
-    ADD COLUMN unique_key    text
+    ADD COLUMN unique_key    text COLLATE "C"
         CONSTRAINT jobs_unique_key_text CHECK (unique_key <> '' AND length(unique_key) <= 255),
     ADD COLUMN unique_scope  text
         CONSTRAINT jobs_unique_scope_known CHECK (unique_scope IN ('active', 'retained')),

@@ -100,32 +100,6 @@ SELECT count(*) AS written,
        (CASE WHEN bool_or(status = 'pending') THEN pg_notify('taskq_jobs', %(queue)s::text) END) IS NULL AS _n
 FROM ins;
 
--- name: job_insert_many_unique_prefiltered
--- job_insert_many_unique without speculative insertion, for the pool's own autocommit connection: the
--- rows whose key no visible job holds, as a plain INSERT (the caller has removed repeated keys). A key
--- taken by a transaction that commits meanwhile raises a unique violation and writes nothing; the
--- caller then runs job_insert_many_unique.
-WITH ins AS (
-    INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
-                            scheduled_at, schedule_to_close, parent_id, unique_key, unique_scope)
-    SELECT u.id, %(actor)s::text, %(queue)s::text, u.payload::jsonb,
-           CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
-           %(priority)s::int, %(tags)s::text[], %(max_attempts)s::int,
-           greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
-           now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s::uuid,
-           u.key, CASE WHEN u.key IS NOT NULL THEN %(unique_scope)s::text END
-    FROM unnest(%(ids)b::uuid[], %(payloads)b::text[], %(unique_keys)b::text[]) AS u(id, payload, key)
-    WHERE u.key IS NULL OR NOT EXISTS (
-        SELECT 1 FROM taskq.jobs AS h
-        WHERE h.unique_key = u.key
-          AND (h.unique_scope = 'retained' OR h.status IN ('pending', 'scheduled', 'running')))
-    RETURNING id, status
-)
-SELECT count(*) AS written,
-       CASE WHEN count(*) < cardinality(%(ids)b::uuid[]) THEN array_agg(id) END AS written_ids,
-       (CASE WHEN bool_or(status = 'pending') THEN pg_notify('taskq_jobs', %(queue)s::text) END) IS NULL AS _n
-FROM ins;
-
 -- name: job_unique_holders
 -- job_unique_holder for many keys: (key, holder id) per key held.
 SELECT unique_key, id FROM taskq.jobs

@@ -131,8 +131,8 @@ async def test_concurrent_batches_with_overlapping_keys_write_each_key_once(dsn:
 async def test_a_batch_that_meets_a_key_committed_meanwhile_returns_that_holder(
     dsn: str, client: JobsClient
 ) -> None:
-    """The batch's plain INSERT waits on a key another transaction holds uncommitted, then fails with a
-    unique violation when it commits: the batch goes the ON CONFLICT way and reports that holder."""
+    """The batch's INSERT waits on a key another transaction holds uncommitted; once that commits, the
+    batch writes its other rows and reports that transaction's job as the holder."""
     async with await psycopg.AsyncConnection.connect(dsn) as other:
         async with other.transaction():
             theirs = await client.enqueue("meanwhile", 0, unique_key="contested", connection=other)
@@ -229,3 +229,21 @@ async def _attempt_running(client: JobsClient, job_id: Any, attempt: int) -> boo
     handle = await client.get(job_id)
     assert handle is not None and handle.row is not None
     return handle.row.status is JobStatus.RUNNING and handle.row.attempt == attempt
+
+
+async def test_a_shutdown_release_keeps_the_key_and_the_released_job_still_holds_it(dsn: str) -> None:
+    reg = ActorRegistry()
+
+    @actor(name="long.one", registry=reg)
+    async def long_one(payload: int, ctx: JobContext[int]) -> int:
+        await ctx.cancel_event.wait()  # until the worker's shutdown asks it to stop
+        raise asyncio.CancelledError
+
+    async with await JobsClient.connect(dsn, registry=reg) as client:
+        async with running_worker(dsn, reg):
+            handle = await client.enqueue(long_one, 1, unique_key="long-key")
+            await wait_for(lambda: _attempt_running(client, handle.job_id, 1))
+        row = await handle.refresh()  # the worker stopped: running -> pending, released
+        assert row.status is JobStatus.PENDING and row.interrupt_count == 1
+        dup = await client.enqueue(long_one, 2, unique_key="long-key")
+        assert dup.created is False and dup.job_id == handle.job_id
