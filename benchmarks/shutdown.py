@@ -37,7 +37,7 @@ TARGET_S = 1.0
 
 def count(dsn: str, where: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(f"SELECT count(*) FROM taskq.jobs WHERE {where}").fetchone()  # type: ignore[arg-type]
+        row = conn.execute(f"SELECT count(*) FROM taskq.jobs WHERE {where}").fetchone()  # type: ignore[arg-type, unused-ignore]
     return int(row[0]) if row else 0
 
 

@@ -14,6 +14,7 @@ import psycopg
 import pytest
 from psycopg import sql as pgsql
 from psycopg.conninfo import make_conninfo
+from testkit import PASSWORD_ROLE_PREFIX
 
 from taskq.client import JobsClient
 from taskq.migrations import migrate_dsn
@@ -33,13 +34,25 @@ def _admin_dsn() -> Iterator[str]:
     previous = os.environ.get("TASKQ_DATA_DIR")
     os.environ["TASKQ_DATA_DIR"] = str(root)
     try:
-        yield embedded_dsn()
+        dsn = embedded_dsn()
+        _require_passwords_for_password_roles(dsn)
+        yield dsn
     finally:
         stop_embedded(root)
         if previous is None:
             os.environ.pop("TASKQ_DATA_DIR", None)
         else:
             os.environ["TASKQ_DATA_DIR"] = previous
+
+
+def _require_passwords_for_password_roles(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SHOW hba_file").fetchone()
+        assert row is not None
+        hba = Path(row[0])
+        # the first matching line wins, so this goes before the embedded server's trust lines
+        hba.write_text(f"local all /^{PASSWORD_ROLE_PREFIX} scram-sha-256\n" + hba.read_text())
+        conn.execute("SELECT pg_reload_conf()")
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,11 @@ FAST_WINDOWS: dict[str, Any] = {
 }
 
 
+PASSWORD_ROLE_PREFIX = "taskq_pw_"
+"""Roles named so must log in with their password on the embedded test server, which trusts everyone
+else: the tests of a wrong password need a server that checks one."""
+
+
 @contextlib.asynccontextmanager
 async def running_worker(dsn: str, actors: Any, **overrides: Any) -> AsyncIterator[Worker]:
     """An in-process worker on this test's event loop, with sub-second windows; stopped on exit."""

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any
 
@@ -36,7 +38,11 @@ POOL_RECONNECT_TIMEOUT = 10.0
 """Seconds of one series of pool reconnection attempts: their delays (1, 2, 4 s...) restart from one
 second after it, so the worker gets connections back within seconds of the end of an outage."""
 LOST_LEASES_FINAL_STEP_BUDGET = 2.0
-"""Seconds each final database step (writes, deregistration) may take once the database stopped answering."""
+"""Seconds each final database step (writes, deregistration) may take once the database stopped answering,
+at most: never more than leaves the exit EXIT_MARGIN before the shutdown watchdog."""
+EXIT_MARGIN = 1.0
+"""Seconds of the watchdog's budget kept for the exit itself (closing the pool, reaping, logging)."""
+MIN_STEP_BUDGET = 0.1
 MARK_STOPPING_BUDGET = 1.0
 """Seconds the stop waits to flag the workers row `stopping` (a courtesy for operators) before going on."""
 
@@ -54,11 +60,19 @@ class ShutdownWatchdog:
         self._describe = describe
         self._disarmed = threading.Event()
         self._thread: threading.Thread | None = None
+        self._armed_at = 0.0
 
     def arm(self) -> None:
         if self._thread is None:
+            self._armed_at = time.monotonic()
             self._thread = threading.Thread(target=self._watch, name="taskq-shutdown-watchdog", daemon=True)
             self._thread.start()
+
+    def remaining(self) -> float:
+        """Seconds left before the hard exit (the whole budget while not armed)."""
+        if self._thread is None:
+            return self._budget
+        return self._budget - (time.monotonic() - self._armed_at)
 
     def disarm(self) -> None:
         self._disarmed.set()
@@ -84,6 +98,9 @@ class Worker:
         self.leases_lost = False
         self.unreleased: list[str] = []
         """Jobs a stop could not give back (the database was unreachable): left to the sweeper."""
+        self.releasing: set[str] = set()
+        """Jobs whose release is being written now."""
+        self.releases_settled = asyncio.Event()
         self.exit_code = exitcodes.OK
         self.ready = threading.Event()
         self._async_executor = AsyncioExecutor()
@@ -177,16 +194,29 @@ class Worker:
             return
         for e in todo:
             e.finishing = True
+        ids = [str(e.id) for e in todo]
+        self.releasing.update(ids)
+        # bounded: with the database gone, the pool would wait its own timeout for a connection, past the
+        # end of the stop, and a release still waiting when the stop ends is a job the summary would miss
+        budget = self.step_budget() if self.db_in_doubt() else POOL_RECONNECT_TIMEOUT
         try:
-            outcome = await self.store.release_batch([(e.id, e.attempt, e.claim_epoch) for e in todo])
-        except Exception as exc:
+            outcome = await asyncio.wait_for(
+                self.store.release_batch([(e.id, e.attempt, e.claim_epoch) for e in todo]), budget
+            )
+        except BaseException as exc:  # a cancelled release (the exit path) gave nothing back either
             # nothing more to try before the exit: the rows stay held until their lease runs out, then any
             # sweeper retries them (the attempt counts, as for a crash)
-            self.unreleased += [str(e.id) for e in todo]
+            self.unreleased += ids
             self.exit_code = exitcodes.LEASES_LOST
             log.error("could not release %d jobs (%s): left to the sweeper once their lease runs out",
-                      len(todo), exc)
+                      len(todo), str(exc) or type(exc).__name__)
+            if not isinstance(exc, Exception):
+                raise
             return
+        finally:
+            self.releasing.difference_update(ids)
+            if not self.releasing:
+                self.releases_settled.set()
         for e in todo:
             status = outcome.get(e.id)
             if status is None:
@@ -267,7 +297,7 @@ class Worker:
             for task in services.values():
                 task.cancel()
             if self.db_in_doubt():  # a service may be stuck cancelling a query the server never answers
-                await settle([*services.values(), *self.heartbeat.stuck_ticks()], LOST_LEASES_FINAL_STEP_BUDGET)
+                await settle([*services.values(), *self.heartbeat.stuck_ticks()], self.step_budget())
             await cancel_and_wait([*services.values(), stop_wait])
             await asyncio.gather(*services.values(), stop_wait, return_exceptions=True)
             try:
@@ -314,9 +344,16 @@ class Worker:
         if remaining:
             await self.release(remaining)
         await self._wait_empty(0.5)
+        if self.releasing:  # a consumer's release still waiting on the database: its last seconds
+            self.releases_settled.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.releases_settled.wait(), self.step_budget())
         # EXITING
         self.summary["held"] = [str(e.id) for e in self.registry if not e.finishing or self._still_executing(e)]
         self.summary["held"] += [i for i in self.unreleased if i not in self.summary["held"]]
+        if self.releasing:  # given back by nobody: the sweeper's, once the lease runs out
+            self.summary["held"] += [i for i in self.releasing if i not in self.summary["held"]]
+            self.exit_code = exitcodes.LEASES_LOST
         for outcome, ids in self.summary.items():
             SHUTDOWN_JOBS.labels(outcome=outcome).inc(len(ids))
         log.info("worker %s stopped: released=%s cancelled=%s still_held=%s", self.worker_id,
@@ -349,7 +386,13 @@ class Worker:
             except Exception as exc:
                 log.warning("%s failed: %s", what, exc)
             return
-        await self._bounded(step, LOST_LEASES_FINAL_STEP_BUDGET, what)
+        await self._bounded(step, self.step_budget(), what)
+
+    def step_budget(self) -> float:
+        """Seconds for one last database step once the database is in doubt: LOST_LEASES_FINAL_STEP_BUDGET,
+        or less as the watchdog's deadline nears, so that the steps together end before it fires."""
+        left = self.watchdog.remaining() - EXIT_MARGIN
+        return max(MIN_STEP_BUDGET, min(LOST_LEASES_FINAL_STEP_BUDGET, left))
 
     @staticmethod
     async def _bounded(step: Coroutine[Any, Any, None], budget: float, what: str) -> None:
@@ -377,7 +420,7 @@ class Worker:
             await asyncio.wait(self.consumers.tasks, timeout=1.0)
         await self._final_step(self.completer.drain(), "final writes")
         await self._final_step(self.store.deregister(), "deregistering the worker")
-        await self.backend.close(timeout=LOST_LEASES_FINAL_STEP_BUDGET if self.db_in_doubt() else 5.0)
+        await self.backend.close(timeout=self.step_budget() if self.db_in_doubt() else 5.0)
 
     def _describe_held(self) -> list[str]:
         return [f"{e.id}#{e.attempt}" for e in self.registry]

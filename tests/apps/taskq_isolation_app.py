@@ -126,8 +126,8 @@ def checkpoints(payload: int, ctx: JobContext[int]) -> dict[str, Any]:
 @actor(name="iso.proc.unique_kids", isolation="process")
 def unique_kids(payload: str, ctx: JobContext[str]) -> dict[str, Any]:
     """Two child jobs with one unique key, from a child process: the second is the first's handle."""
-    one = ctx.jobs.enqueue("iso.proc.whoami", 1, unique_key=payload)
-    two = ctx.jobs.enqueue("iso.proc.whoami", 2, unique_key=payload)
+    one = ctx.jobs.enqueue_sync("iso.proc.whoami", 1, unique_key=payload)
+    two = ctx.jobs.enqueue_sync("iso.proc.whoami", 2, unique_key=payload)
     return {"created": [one.created, two.created], "same": one.job_id == two.job_id, "kid": str(one.job_id)}
 
 

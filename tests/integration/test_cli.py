@@ -14,6 +14,7 @@ import psycopg
 import pytest
 from psycopg import sql as pgsql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from testkit import PASSWORD_ROLE_PREFIX
 
 from taskq.dsn import redact_dsn, scrub
 
@@ -339,7 +340,7 @@ def test_a_role_the_server_does_not_know_exits_3_without_echoing_the_password(ds
 
 
 def test_a_wrong_password_exits_3_without_echoing_it(admin_dsn: str, dsn: str) -> None:
-    role = f"taskq_pw_{uuid.uuid4().hex[:8]}"
+    role = f"{PASSWORD_ROLE_PREFIX}{uuid.uuid4().hex[:8]}"
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute(pgsql.SQL("CREATE ROLE {} LOGIN PASSWORD 'right-pw'").format(pgsql.Identifier(role)))
     try:

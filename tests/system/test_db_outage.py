@@ -340,6 +340,35 @@ def test_a_stop_during_an_outage_ends_within_shutdown_timeout_and_leaves_the_job
     print(f"\nstop during an outage: exit {code} after {exited_after:.2f} s (shutdown_timeout {shutdown_timeout} s)")
 
 
+def test_a_stop_after_the_pool_lost_every_connection_still_reports_its_job_left_to_the_sweeper(
+    server: DedicatedServer, dsn: str, spawn_worker: Any
+) -> None:
+    """The same stop, once the outage has cost the pool its connections (each broken one was dropped as it
+    came back): the release then waits for a new connection, which never comes. It must
+    give up within the stop (exit 12, the job named as left to the sweeper), not be cut off by the exit
+    path unreported (exit 0, found under CPU load) or by the watchdog (exit 13)."""
+    lock_timeout, shutdown_timeout = 8.0, 5.0
+    w = spawn_worker(heartbeat_interval=0.2, lock_timeout=lock_timeout, shutdown_timeout=shutdown_timeout)
+    w_id = w.worker_id()
+    job_id = enqueue(dsn, "test.sleep", {"seconds": 60.0})
+    wait_until(lambda: job(dsn, job_id)["worker_id"] == w_id and job(dsn, job_id)["status"] == "running")
+
+    server.stop()
+    # the broken connections come back to the pool one by one and are dropped; then it tries to reconnect
+    wait_until(lambda: w.log().count("discarding closed connection") >= 2 and "error connecting" in w.log(),
+               timeout=lock_timeout - 3)
+    signalled_at = time.monotonic()
+    w.signal(signal.SIGTERM)
+    code = w.wait(shutdown_timeout + 15)
+    exited_after = time.monotonic() - signalled_at
+    log = w.log()
+    assert code == exitcodes.LEASES_LOST, log
+    assert exited_after < shutdown_timeout, log
+    assert "could not release 1 jobs" in log and f"still_held=['{job_id}']" in log, log
+    server.start()
+    assert (job(dsn, job_id)["status"], job(dsn, job_id)["worker_id"]) == ("running", w_id)
+
+
 def test_an_idle_worker_rides_out_a_long_outage_and_works_again_within_seconds(
     server: DedicatedServer, dsn: str, spawn_worker: Any
 ) -> None:
