@@ -44,6 +44,7 @@ import threading
 import traceback
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from uuid import UUID
 
@@ -352,6 +353,8 @@ class ChildJobContext(Generic[P]):
         self.payload = payload
         self.actor_name: str = spec["actor"]
         self.last_progress: Any = spec.get("last_progress")
+        scheduled_for = spec.get("scheduled_for")
+        self.scheduled_for: datetime | None = datetime.fromisoformat(scheduled_for) if scheduled_for else None
         self.cancel_event = job.cancel_event
         self.logger = logging.LoggerAdapter(
             logging.getLogger("taskq.job"), {"job_id": str(self.job_id), "attempt": self.attempt}

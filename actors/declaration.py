@@ -7,11 +7,14 @@ import random
 import typing
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 from pydantic import TypeAdapter
 
-from taskq.exceptions import ActorDefinitionError, NonRetryableError, PayloadInvalid
+from taskq.exceptions import ActorDefinitionError, NonRetryableError, PayloadInvalid, ScheduleDefinitionError
+
+if TYPE_CHECKING:
+    from taskq.schedules import Schedule
 
 Isolation = Literal["async", "thread", "process"]
 ISOLATIONS: tuple[Isolation, ...] = ("async", "thread", "process")
@@ -124,12 +127,35 @@ def _describe(exc: Any) -> str:
 
 
 class ActorRegistry:
-    """Actors by name. `@actor` registers into `default_registry`; a worker runs the registry it is given."""
+    """Actors (and the schedules that run them) by name. `@actor` registers into `default_registry`; a
+    worker runs the registry it is given. `owner` names the application whose schedules these are: a
+    worker disables the schedules of its owner that it no longer declares (default: the APP string)."""
 
-    def __init__(self, actors: Iterable[Actor[Any, Any]] = ()) -> None:
+    def __init__(self, actors: Iterable[Actor[Any, Any] | Schedule] = (), *, owner: str | None = None) -> None:
         self._by_name: dict[str, Actor[Any, Any]] = {}
+        self._schedules: dict[str, Schedule] = {}
+        self.owner = owner
         for a in actors:
-            self.register(a)
+            self.add(a)
+
+    def add(self, item: Actor[Any, Any] | Schedule) -> None:
+        """Register an actor, or a schedule (and the actor it runs)."""
+        from taskq.schedules import Schedule
+
+        if isinstance(item, Schedule):
+            self.add_schedule(item)
+        else:
+            self.register(item)
+
+    def add_schedule(self, schedule: Schedule) -> None:
+        existing = self._schedules.get(schedule.name)
+        if existing is not None and existing is not schedule:
+            raise ScheduleDefinitionError(f"two schedules are named {schedule.name!r}")
+        self.register(schedule.actor)
+        self._schedules[schedule.name] = schedule
+
+    def schedules(self) -> list[Schedule]:
+        return [self._schedules[name] for name in sorted(self._schedules)]
 
     def register(self, a: Actor[Any, Any]) -> None:
         existing = self._by_name.get(a.name)
@@ -313,18 +339,23 @@ def actor(
 
 
 def as_registry(value: Any) -> ActorRegistry:
-    """Accept a registry, a single actor, or an iterable of actors (what `taskq worker APP` names)."""
+    """Accept a registry, a single actor or schedule, or an iterable mixing actors and schedules (what
+    `taskq worker APP` names)."""
+    from taskq.schedules import Schedule
+
     if isinstance(value, ActorRegistry):
         return value
-    if isinstance(value, Actor):
+    if isinstance(value, Actor | Schedule):
         return ActorRegistry([value])
     if isinstance(value, dict):
         value = value.values()
     try:
         items = list(value)
     except TypeError:
-        raise ActorDefinitionError(f"expected actors, a list of actors or an ActorRegistry, got {value!r}") from None
-    bad = [item for item in items if not isinstance(item, Actor)]
+        raise ActorDefinitionError(
+            f"expected actors and schedules, a list of them or an ActorRegistry, got {value!r}"
+        ) from None
+    bad = [item for item in items if not isinstance(item, Actor | Schedule)]
     if bad:
-        raise ActorDefinitionError(f"not an actor (decorate it with @actor): {bad[0]!r}")
+        raise ActorDefinitionError(f"not an actor (decorate it with @actor) nor a Schedule: {bad[0]!r}")
     return ActorRegistry(items)

@@ -159,6 +159,7 @@ class ProcessExecutor:
             "module": module, "qualname": actor.fn.__qualname__, "actor": actor.name,
             "payload": actor.payload_adapter.dump_json(ctx.payload), "last_progress": ctx.last_progress,
             "cancel_origin": origin.value if origin is not None else None,
+            "scheduled_for": ctx.scheduled_for.isoformat() if ctx.scheduled_for is not None else None,
         }
         try:
             child.send(("run", key, spec))

@@ -20,6 +20,7 @@ from taskq.models import (
     JobStatus,
     RequeueResult,
 )
+from taskq.schedules import Schedule
 from taskq.settings import WorkerSettings
 
 __version__ = "0.1.0"
@@ -42,6 +43,7 @@ __all__ = [
     "NonRetryableError",
     "RequeueResult",
     "RetryPolicy",
+    "Schedule",
     "Snooze",
     "SnoozeInvalid",
     "TaskqError",

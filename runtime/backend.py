@@ -35,6 +35,7 @@ from taskq.models import (
     JobStatus,
     PruneClass,
     PruneResult,
+    ScheduleInfo,
 )
 
 __all__ = [
@@ -526,6 +527,30 @@ class Backend:
                     status = JobStatus(prev)
                     counts[status] = counts.get(status, 0) + 1
         return BulkCancelResult(by_previous_status=counts, job_ids=tuple(ids), batches=batches)
+
+    # -- schedules -------------------------------------------------------------------------------
+
+    @_reports_outage
+    async def schedule_list(self, name: str | None = None) -> list[ScheduleInfo]:
+        async with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(sql.query("schedule_list"), {"name": name})
+            return [ScheduleInfo.model_validate(r) for r in await cur.fetchall()]
+
+    @_reports_outage
+    async def schedule_set_paused(self, name: str, paused: bool, by: str | None) -> bool | None:
+        """Pause or resume; True if it changed, False if it already was so, None if no such schedule."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(sql.query("schedule_set_paused"), {"name": name, "paused": paused, "by": by})
+            row = await cur.fetchone()
+        return bool(row[1]) if row else None
+
+    @_reports_outage
+    async def schedule_trigger(self, name: str) -> tuple[UUID, datetime] | None:
+        """Insert one job of the schedule now; (job id, its scheduled_for), or None if no such schedule."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(sql.query("schedule_trigger"), {"name": name, "id": uuid7()})
+            row = await cur.fetchone()
+        return (row[0], row[1]) if row else None
 
     # -- requeue ---------------------------------------------------------------------------------
 

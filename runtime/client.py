@@ -17,7 +17,7 @@ from pydantic import ConfigDict, TypeAdapter
 from pydantic_core import SchemaValidator, core_schema, from_json
 from typing_extensions import TypeVar
 
-from taskq import operations
+from taskq import operations, schedule_admin
 from taskq.actors.declaration import Actor, ActorRegistry, default_registry
 from taskq.backend import Backend, JobBatch, JobInsert, JobOptions, transaction_pooler_from_env, uuid7, uuid7_many
 from taskq.checks import as_job_id, check_text
@@ -33,6 +33,9 @@ from taskq.models import (
     JobFilter,
     JobRow,
     RequeueResult,
+    ScheduleInfo,
+    SchedulePauseResult,
+    ScheduleTriggerResult,
 )
 from taskq.unique import batch_unique_keys, unique_of
 
@@ -531,3 +534,17 @@ class JobsClient:
             self.backend, flt, reason=reason, attempts=attempts, registry=self.registry,
             batch_size=batch_size, progress=progress,
         )
+
+    # -- schedules (taskq.schedule_admin) ---------------------------------------------------------
+
+    async def list_schedules(self) -> list[ScheduleInfo]:
+        return await schedule_admin.list_schedules(self.backend)
+
+    async def pause_schedule(self, name: str, *, by: str | None = None) -> SchedulePauseResult:
+        return await schedule_admin.pause_schedule(self.backend, name, by=by)
+
+    async def resume_schedule(self, name: str) -> SchedulePauseResult:
+        return await schedule_admin.resume_schedule(self.backend, name)
+
+    async def trigger_schedule(self, name: str) -> ScheduleTriggerResult:
+        return await schedule_admin.trigger_schedule(self.backend, name)

@@ -85,8 +85,11 @@ class JobContext(Generic[P]):
         runtime: ContextRuntime,
         loop: asyncio.AbstractEventLoop,
         logger: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None,
+        scheduled_for: datetime | None = None,
     ) -> None:
         self.job_id = job_id
+        self.scheduled_for = scheduled_for
+        """The nominal slot time when a schedule made this job (a trigger's own instant); else None."""
         self.attempt = attempt
         self.claim_epoch = claim_epoch
         self.payload = payload

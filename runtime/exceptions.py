@@ -116,3 +116,16 @@ class JobFailed(TaskqError):
         self.row = row
         detail = f": {row.error_class}" if row.error_class else ""
         super().__init__(f"job {row.id} ended {row.status}{detail}")
+
+
+class ScheduleDefinitionError(ConfigurationError):
+    """A `Schedule` declaration is invalid: a bad cron expression or time zone, `every` not a positive
+    whole number of seconds, both or neither of cron/every, a payload the actor's type refuses. Raised
+    at construction, before anything is stored."""
+
+
+class ScheduleNotFound(TaskqError, KeyError):
+    """No schedule has that name (pause, resume or trigger of a name the database does not know)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "schedule not found"

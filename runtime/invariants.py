@@ -23,6 +23,7 @@ INVARIANTS: dict[str, str] = {
     "inv_attempts_not_refunded": "attempts never refunded: one attempt row per claim, numbered 1..n",
     "inv_interrupts_match_releases": "interrupt_count equals the number of release events",
     "inv_timeline_chained": "timelines non-empty, chained and ordered, ending at the row's status",
+    "inv_one_job_per_slot": "at most one job per schedule slot",
     "inv_requeues_have_events": "every requeue has its requeued event",
     "inv_requeue_monotonic": "a requeue never lowers attempt or claim_epoch",
     "inv_unique_key_single_holder": "at most one non-terminal (or retained) job per unique key",

@@ -101,6 +101,10 @@ class JobRow(BaseModel):
     """Times the actor raised taskq.Snooze; each gave its attempt back to the budget (max_attempts + 1)."""
     idempotent: bool = True
     """False for a job of an `@actor(idempotent=False)`: a crash or lost lease ends it crashed, never retried."""
+    schedule: str | None = None
+    """The schedule that made this job, if one did."""
+    scheduled_for: datetime | None = None
+    """Its nominal slot time (a trigger's own instant)."""
 
     @property
     def is_terminal(self) -> bool:
@@ -283,3 +287,51 @@ class JobFilter(BaseModel):
         if self.unfinished:
             wanted = (wanted or set(JobStatus)) & UNFINISHED_STATUSES
         return sorted(wanted) if wanted is not None else None
+
+
+class ScheduleInfo(BaseModel):
+    """One row of taskq.schedules as `taskq schedules` shows it. `last_outcome` is the scheduler's last
+    verdict (enqueued, triggered, skipped_overlap, missed); `last_job_status` that job's status now."""
+
+    model_config = _frozen
+
+    name: str
+    actor: str
+    queue: str
+    cron: str | None
+    every_seconds: int | None
+    timezone: str
+    misfire: str
+    overlap: str
+    enabled: bool
+    paused: bool
+    paused_at: datetime | None
+    paused_by: str | None
+    next_run_at: datetime
+    last_run_at: datetime | None
+    last_job_id: UUID | None
+    last_outcome: str | None
+    last_job_status: JobStatus | None
+    missed_total: int
+    owner: str
+    updated_at: datetime
+
+
+class SchedulePauseResult(BaseModel):
+    """What a pause or resume did: `changed` is False when the schedule already was in that state."""
+
+    model_config = _frozen
+
+    name: str
+    paused: bool
+    changed: bool
+
+
+class ScheduleTriggerResult(BaseModel):
+    """The job `trigger` made, outside the slot sequence; `scheduled_for` is the trigger's instant."""
+
+    model_config = _frozen
+
+    name: str
+    job_id: UUID
+    scheduled_for: datetime

@@ -45,6 +45,9 @@ class WorkerSettings(BaseSettings):
     poll_interval: Seconds = 1.0
     sweep_interval: Seconds = 10.0
     claim_batch_size: Annotated[int, Field(ge=1, le=10_000)] = 100
+    schedule_poll_interval: Seconds = 1.0
+    """Longest wait of the scheduler between two looks at the schedules table (it wakes at the next slot
+    it knows of sooner): how soon a resume, or a schedule declared by another worker, is seen."""
     max_threads: Annotated[int, Field(ge=1, le=10_000)] = 16
     max_children: Annotated[int, Field(ge=1, le=1_000)] = Field(default_factory=_default_max_children)
     max_leaked_threads: Annotated[int, Field(ge=0)] = 0

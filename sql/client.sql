@@ -217,6 +217,56 @@ SELECT u.id, u.prev,
         END) IS NULL AS _n
 FROM upd AS u;
 
+-- ---- schedules (taskq.schedule_admin through the Backend) ------------------------------------------
+
+-- name: schedule_list
+SELECT s.name, s.actor, s.queue, s.cron, s.every_seconds, s.timezone, s.misfire, s.overlap, s.enabled,
+       s.paused_at IS NOT NULL AS paused, s.paused_at, s.paused_by, s.next_run_at, s.last_run_at, s.last_job_id,
+       s.last_outcome, j.status AS last_job_status, s.missed_total, s.owner, s.updated_at
+FROM taskq.schedules AS s
+LEFT JOIN taskq.jobs AS j ON j.id = s.last_job_id
+WHERE %(name)s::text IS NULL OR s.name = %(name)s::text
+ORDER BY s.name;
+
+-- name: schedule_set_paused
+-- Pause (or resume) one schedule; `changed` is false when it already was so. A paused schedule makes no
+-- slot job; on resume the slots it passed are misfires, handled by its misfire policy.
+WITH old AS (
+    SELECT name, paused_at IS NOT NULL AS was_paused FROM taskq.schedules WHERE name = %(name)s FOR UPDATE
+), upd AS (
+    UPDATE taskq.schedules AS s SET
+        paused_at = CASE WHEN %(paused)s::boolean THEN coalesce(s.paused_at, now()) END,
+        paused_by = CASE WHEN %(paused)s::boolean THEN coalesce(s.paused_by, %(by)s::text) END,
+        resumed_at = CASE WHEN %(paused)s::boolean THEN s.resumed_at ELSE now() END,
+        updated_at = now()
+    FROM old
+    WHERE s.name = old.name AND old.was_paused IS DISTINCT FROM %(paused)s::boolean
+    RETURNING s.name
+)
+SELECT old.name, (SELECT count(*) FROM upd) > 0 AS changed FROM old;
+
+-- name: schedule_trigger
+-- One job now, outside the slot sequence, whatever the schedule's state (paused, disabled or not).
+-- Its scheduled_for is the trigger's instant, never a whole second (slot times are), and it has no
+-- unique key: it never takes a slot's place. It becomes the schedule's last job (overlap='skip' waits
+-- for it).
+WITH s AS (
+    SELECT * FROM taskq.schedules WHERE name = %(name)s FOR UPDATE
+), ins AS (
+    INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts, scheduled_at,
+                            schedule, scheduled_for)
+    SELECT %(id)s, s.actor, s.queue, s.payload, 'pending', s.priority, s.tags, s.max_attempts, now(), s.name,
+           now() + CASE WHEN date_trunc('second', now()) = now() THEN interval '1 microsecond'
+                        ELSE interval '0' END
+    FROM s
+    RETURNING id, schedule, scheduled_for, queue
+), upd AS (
+    UPDATE taskq.schedules AS t SET last_job_id = ins.id, last_run_at = ins.scheduled_for,
+        last_outcome = 'triggered', updated_at = now()
+    FROM ins WHERE t.name = ins.schedule
+)
+SELECT ins.id, ins.scheduled_for, pg_notify('taskq_jobs', ins.queue) IS NULL AS _n FROM ins;
+
 -- name: job_requeue
 -- The operator's requeue of one job, in one statement: from failed, crashed or abandoned back to
 -- pending, due now, with a fresh budget (max_attempts = attempt + the budget: the actor's max_attempts

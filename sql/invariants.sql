@@ -89,6 +89,15 @@ SELECT j.id, format('row is %%s but its last state change ends at %%s', j.status
 FROM taskq.jobs AS j LEFT JOIN last_change AS l ON l.job_id = j.id
 WHERE (j.status NOT IN ('pending', 'scheduled') OR j.attempt > 0) AND l.to_status IS DISTINCT FROM j.status;
 
+-- name: inv_one_job_per_slot
+-- At most one job per schedule slot (operator triggers are outside the slot sequence: no unique key).
+SELECT (array_agg(id ORDER BY created_at, id))[2] AS job_id,
+       format('schedule %%s slot %%s has %%s jobs', schedule, scheduled_for, count(*)) AS detail
+FROM taskq.jobs
+WHERE schedule IS NOT NULL AND unique_key IS NOT NULL
+GROUP BY schedule, scheduled_for
+HAVING count(*) > 1;
+
 -- name: inv_requeues_have_events
 -- Every requeue the row counts has its 'requeued' event, and no event is without one.
 SELECT j.id AS job_id, format('requeue_count %%s but %%s requeued events', j.requeue_count, count(e.id)) AS detail

@@ -31,7 +31,8 @@ GRANT USAGE ON SCHEMA taskq TO :"worker_role", :"client_role";
 -- that delete only terminal jobs (with their events) and finished attempts rows.
 GRANT SELECT ON taskq.jobs TO :"worker_role";
 GRANT INSERT (id, actor, queue, payload, status, priority, tags, max_attempts, scheduled_at,
-              schedule_to_close, parent_id, unique_key, unique_scope, idempotent)
+              schedule_to_close, parent_id, unique_key, unique_scope, idempotent,
+              schedule, scheduled_for)
     ON taskq.jobs TO :"worker_role";
 -- max_attempts and snooze_count: a snooze gives its attempt back; idempotent: set before the first run of
 -- a non-idempotent actor enqueued by name
@@ -47,6 +48,8 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON taskq.workers TO :"worker_role";
 -- the heartbeat reads and deletes its own lease losses; the trigger that records them runs as the owner
 GRANT SELECT, DELETE ON taskq.lease_losses TO :"worker_role";
 GRANT SELECT ON taskq.schema_migrations TO :"worker_role";
+-- the scheduler: upserts its code's declarations, disables the ones gone, fires slots (never deletes)
+GRANT SELECT, INSERT, UPDATE ON taskq.schedules TO :"worker_role";
 
 -- CLIENT (JobsClient and the CLI's enqueue, cancel, requeue, jobs, job): enqueue, cancel, requeue, read.
 -- It inserts only the columns of a new job (so only a pending or scheduled row: the CHECK constraints
@@ -57,7 +60,8 @@ GRANT SELECT ON taskq.schema_migrations TO :"worker_role";
 -- attempts or the worker registry, delete anything or change the schema.
 GRANT SELECT ON taskq.jobs TO :"client_role";
 GRANT INSERT (id, actor, queue, payload, status, priority, tags, max_attempts, scheduled_at,
-              schedule_to_close, parent_id, unique_key, unique_scope, idempotent)
+              schedule_to_close, parent_id, unique_key, unique_scope, idempotent,
+              schedule, scheduled_for)
     ON taskq.jobs TO :"client_role";
 GRANT UPDATE (status, cancel_phase, cancel_requested_at, cancel_reason, error_class, finished_at,
               scheduled_at, max_attempts, requeue_count, started_at, worker_id, error_message, schedule_to_close)
@@ -65,5 +69,9 @@ GRANT UPDATE (status, cancel_phase, cancel_requested_at, cancel_reason, error_cl
 GRANT SELECT, INSERT ON taskq.job_events TO :"client_role";
 GRANT SELECT ON taskq.job_attempts TO :"client_role";
 GRANT SELECT ON taskq.schema_migrations TO :"client_role";
+-- `taskq schedules`, `taskq schedule pause|resume|trigger`: read, the pause columns, the trigger's bookkeeping
+GRANT SELECT ON taskq.schedules TO :"client_role";
+GRANT UPDATE (paused_at, paused_by, resumed_at, last_job_id, last_run_at, last_outcome, updated_at)
+    ON taskq.schedules TO :"client_role";
 
 COMMIT;

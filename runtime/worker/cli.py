@@ -42,9 +42,12 @@ def load_app(spec: str) -> ActorRegistry:
     except AttributeError:
         raise AppImportError(f"module {module_name!r} has no attribute {attr!r}") from None
     try:
-        return as_registry(value)
+        registry = as_registry(value)
     except ActorDefinitionError as exc:
         raise AppImportError(f"{spec}: {exc}") from None
+    if registry.owner is None:
+        registry.owner = spec  # whose schedules these are: the ones it stops declaring get disabled
+    return registry
 
 
 def add_settings_flags(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:

@@ -144,7 +144,7 @@ class Consumers:
         last = job.progress.get("data") if isinstance(job.progress, dict) else None
         entry.ctx = JobContext(
             job_id=job.id, attempt=job.attempt, claim_epoch=job.claim_epoch, payload=payload,
-            actor_name=actor.name, last_progress=last, runtime=self, loop=loop,
+            actor_name=actor.name, last_progress=last, runtime=self, loop=loop, scheduled_for=job.scheduled_for,
         )
         entry.executor = self.w.executor_for(actor)
         if entry.cancel_origin is not None:  # a cancel (or shutdown) arrived before the actor started

@@ -28,6 +28,8 @@ from taskq.worker.dispatcher import Dispatcher, Listener
 from taskq.worker.heartbeat import Heartbeat
 from taskq.worker.pruner import Pruner
 from taskq.worker.registry import ActiveJob, ActiveJobRegistry
+from taskq.worker.schedule_store import ScheduleStore
+from taskq.worker.scheduler import Scheduler
 from taskq.worker.store import ClaimedJob, WorkerStore
 from taskq.worker.sweeper import Sweeper
 
@@ -44,6 +46,10 @@ EXIT_MARGIN = 1.0
 MIN_STEP_BUDGET = 0.1
 MARK_STOPPING_BUDGET = 1.0
 """Seconds the stop waits to flag the workers row `stopping` (a courtesy for operators) before going on."""
+
+
+DEFAULT_SCHEDULE_OWNER = "default"
+"""The owner of the schedules of an ActorRegistry that names none (`taskq worker APP` uses APP)."""
 
 
 class ShutdownWatchdog:
@@ -256,6 +262,10 @@ class Worker:
         taken = await self.store.take_over()
         if taken:
             log.warning("reclaimed %s left running under worker id %s by an earlier process", taken, self.worker_id)
+        self.scheduler = Scheduler(ScheduleStore(self.backend), self.actors.schedules(),
+                                   owner=self.actors.owner or DEFAULT_SCHEDULE_OWNER,
+                                   poll_interval=s.schedule_poll_interval)
+        await self.scheduler.sync()  # code declarations are upserted when a worker starts
         log.info("worker %s started: queues=%s concurrency=%d actors=%s", self.worker_id, s.queues,
                  s.concurrency, self.actors.names())
         services = {
@@ -263,6 +273,7 @@ class Worker:
             "heartbeat": loop.create_task(self.heartbeat.run(), name="taskq-heartbeat"),
             "sweeper": loop.create_task(self.sweeper.run(), name="taskq-sweeper"),
             "pruner": loop.create_task(self.pruner.run(), name="taskq-pruner"),
+            "scheduler": loop.create_task(self.scheduler.run(), name="taskq-scheduler"),
             "dispatcher": loop.create_task(self.dispatcher.run(), name="taskq-dispatcher"),
         }
         if s.listens():

@@ -43,6 +43,7 @@ class ClaimedJob:
     schedule_to_close: datetime | None
     idempotent: bool = True
     """The row's idempotent flag: False once the job is known to belong to an `@actor(idempotent=False)`."""
+    scheduled_for: datetime | None = None
 
 
 @dataclass(slots=True)

@@ -249,6 +249,18 @@ async def _client_wrong_password(env: Env) -> Outcome:
 
 MALFORMED_DSN = "host=localhost password=s3cret tail-Fragment user=x"
 
+
+def declare(**options: Any) -> Outcome:
+    """A Schedule declaration of the matrix's typed actor: the error class it raised, or `accepted`."""
+    from taskq import Schedule
+
+    options.setdefault("payload", {"order_id": 1, "customer": "c"})
+    try:
+        Schedule(name="matrix-schedule", actor=order, **options)
+    except Exception as exc:
+        return Outcome(type(exc).__name__, str(exc))
+    return Outcome("accepted", "")
+
 CASES: list[Case] = [
     # -- client --------------------------------------------------------------------------------------
     Case("client-payload-missing-field", "client", "typed payload without a required field", "PayloadInvalid",
@@ -292,6 +304,25 @@ CASES: list[Case] = [
     Case("client-unknown-unique-scope", "client", "unique_scope='forever'", "ConfigurationError",
          "unique_scope must be 'active' or 'retained'",
          lambda e: client_call(e, lambda c: c.enqueue("matrix.x", 1, unique_key="k", unique_scope="forever"))),
+    Case("schedule-invalid-cron", "client", "Schedule(cron='61 * * * *')", "ScheduleDefinitionError",
+         "invalid cron expression", lambda e: declare(cron="61 * * * *")),
+    Case("schedule-unknown-timezone", "client", "Schedule(timezone='Mars/Olympus')", "ScheduleDefinitionError",
+         "unknown time zone", lambda e: declare(cron="0 3 * * *", timezone="Mars/Olympus")),
+    Case("schedule-every-zero", "client", "Schedule(every=timedelta(0))", "ScheduleDefinitionError",
+         "every must be a positive duration", lambda e: declare(every=timedelta(0))),
+    Case("schedule-every-negative", "client", "Schedule(every=-10)", "ScheduleDefinitionError",
+         "every must be a positive duration", lambda e: declare(every=-10)),
+    Case("schedule-cron-and-every", "client", "both cron= and every=", "ScheduleDefinitionError",
+         "exactly one of cron= or every=", lambda e: declare(cron="0 3 * * *", every=60)),
+    Case("schedule-neither", "client", "neither cron= nor every=", "ScheduleDefinitionError",
+         "exactly one of cron= or every=", lambda e: declare()),
+    Case("schedule-payload-fails-model", "client", "a schedule payload the actor's model rejects",
+         "ScheduleDefinitionError", "customer", lambda e: declare(every=60, payload={"order_id": 1})),
+    Case("client-trigger-unknown-schedule", "client", "trigger_schedule('nope')", "ScheduleNotFound",
+         "no schedule named 'nope'", lambda e: client_call(e, lambda c: c.trigger_schedule("nope"))),
+    Case("client-pause-empty-schedule-name", "client", "pause_schedule('')", "ConfigurationError",
+         "schedule name", lambda e: client_call(e, lambda c: c.pause_schedule(""))),
+
     Case("client-requeue-malformed-id", "client", f"requeue job id {INJECTION!r}", "ConfigurationError",
          "not a job id", lambda e: client_call(e, lambda c: c.requeue(INJECTION))),
     Case("client-requeue-zero-attempts", "client", "requeue(attempts=0)", "ConfigurationError",
@@ -348,6 +379,14 @@ CASES: list[Case] = [
          lambda e: cli(e, "--dsn", MALFORMED_DSN, "jobs", dsn=None)),
     Case("cli-embedded-dir-unusable", "cli", "no DSN, TASKQ_DATA_DIR=/dev/null/taskq", "exit 6", "TASKQ_DATA_DIR",
          lambda e: cli(e, "jobs", dsn=None, extra_env={"TASKQ_DATA_DIR": "/dev/null/taskq"})),
+    Case("cli-schedule-unknown", "cli", "schedule trigger nope", "exit 4", "no schedule named 'nope'",
+         lambda e: cli(e, "schedule", "trigger", "nope")),
+    Case("cli-schedule-long-name", "cli", "schedule pause <300 characters>", "exit 2", "schedule name",
+         lambda e: cli(e, "schedule", "pause", "n" * 300)),
+    Case("cli-schedule-bad-action", "cli", "schedule stop nightly", "exit 2", "invalid choice",
+         lambda e: cli(e, "schedule", "stop", "nightly")),
+    Case("cli-worker-app-bad-schedule", "cli", "taskq worker APP declaring cron '61 25 * * *'", "exit 10",
+         "invalid cron expression", lambda e: worker_cli(e, "taskq_bad_schedule_app:app")),
     Case("cli-worker-app-missing-module", "cli", "taskq worker no_such_module:actors", "exit 10", "cannot import",
          lambda e: worker_cli(e, "no_such_module:actors")),
     Case("cli-worker-app-not-actors", "cli", "taskq worker os:path (not actors)", "exit 10", "os:path",
@@ -492,7 +531,8 @@ SELECT (SELECT count(*) FROM taskq.jobs),
        (SELECT md5(coalesce(string_agg(a::text, '|' ORDER BY a.claim_epoch), '')) FROM taskq.job_attempts a
         WHERE a.job_id = ANY(%s)),
        (SELECT md5(string_agg(m.version || m.name || m.checksum, '|' ORDER BY m.version))
-        FROM taskq.schema_migrations m)
+        FROM taskq.schema_migrations m),
+       (SELECT md5(coalesce(string_agg(s::text, '|' ORDER BY s.name), '')) FROM taskq.schedules s)
 """
 
 

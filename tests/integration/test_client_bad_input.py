@@ -422,3 +422,32 @@ async def test_malformed_dsn_is_a_configuration_error_without_the_password() -> 
     with pytest.raises(ConfigurationError) as caught:
         await JobsClient.connect(f"host=localhost password={SECRET} nonsense_option=1")
     assert SECRET not in str(caught.value)
+
+
+# -- schedules --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["", "x" * 201, "nul\x00", "half a pair: \udc80", 7, None])
+async def test_schedule_actions_refuse_a_malformed_name_before_any_write(
+    jobs: JobsClient, raw: AsyncConnection[Any], name: Any
+) -> None:
+    for action in (jobs.pause_schedule, jobs.resume_schedule, jobs.trigger_schedule):
+        with pytest.raises(ConfigurationError, match="schedule name"):
+            await action(name)
+    assert await _job_count(raw) == 0
+
+
+async def test_schedule_actions_on_an_unknown_name_raise_schedule_not_found(
+    jobs: JobsClient, raw: AsyncConnection[Any]
+) -> None:
+    from taskq.exceptions import ScheduleNotFound
+
+    for action in (jobs.pause_schedule, jobs.resume_schedule, jobs.trigger_schedule):
+        with pytest.raises(ScheduleNotFound, match="no schedule named 'nightly'"):
+            await action("nightly")
+    assert await _job_count(raw) == 0 and await jobs.list_schedules() == []
+
+
+async def test_pause_refuses_an_overlong_operator_name(jobs: JobsClient) -> None:
+    with pytest.raises(ConfigurationError, match="by must be"):
+        await jobs.pause_schedule("nightly", by="x" * 256)

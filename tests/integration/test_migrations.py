@@ -16,7 +16,7 @@ from taskq.client import JobsClient
 from taskq.exceptions import MigrationError, SchemaNotReady, SchemaTooNew
 from taskq.migrations import migrate, migrate_dsn
 
-EXPECTED_TABLES = {"jobs", "job_events", "job_attempts", "workers", "lease_losses", "schema_migrations"}
+EXPECTED_TABLES = {"jobs", "job_events", "job_attempts", "workers", "lease_losses", "schema_migrations", "schedules"}
 
 
 @pytest.fixture
@@ -66,6 +66,7 @@ async def test_migrated_schema_has_the_indexes_the_queries_rely_on(conn: AsyncCo
         "jobs_tags_idx",
         "jobs_created_at_idx",
         "jobs_parent_idx",
+        "schedules_due_idx",
         "job_events_job_idx",
         "job_attempts_pkey",
         "job_attempts_open_idx",

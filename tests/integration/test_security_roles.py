@@ -203,6 +203,30 @@ async def test_client_role_requeues_a_failed_job(roles: Roles, dsn: str) -> None
         assert bulk.job_ids == (handle.job_id,)
 
 
+async def test_worker_role_runs_schedules_and_client_role_manages_them(roles: Roles, dsn: str) -> None:
+    from datetime import timedelta as td
+
+    from taskq import Schedule
+
+    scheduled = ActorRegistry([echo, Schedule(name="sec-every-second", actor=echo, every=td(seconds=1),
+                                              payload=Msg(text="tick"))], owner="sec")
+    async with await JobsClient.connect(roles.client_dsn, registry=registry) as client:
+        async with running_worker(roles.worker_dsn, scheduled, schedule_poll_interval=0.2) as worker:
+            await wait_for(lambda: _slot_jobs_succeeded(dsn, 2), timeout=30)
+            assert (await client.pause_schedule("sec-every-second", by="ops")).changed
+            made = await client.trigger_schedule("sec-every-second")
+            assert (await (await client.get(made.job_id)).wait(timeout=10)).result == {"length": 4}  # type: ignore[union-attr]
+            assert (await client.resume_schedule("sec-every-second")).changed
+            assert [s.name for s in await client.list_schedules()] == ["sec-every-second"]
+            assert worker.scheduler.synced.is_set()
+    assert query(dsn, "SELECT enabled, paused_at FROM taskq.schedules")[0] == (True, None)
+
+
+async def _slot_jobs_succeeded(dsn: str, n: int) -> bool:
+    rows = query(dsn, "SELECT count(*) FROM taskq.jobs WHERE schedule IS NOT NULL AND status = 'succeeded'")
+    return bool(rows[0][0] >= n)
+
+
 async def _has_ended(client: JobsClient, job_id: uuid.UUID) -> bool:
     return (await status_of(client, job_id)).is_terminal
 
