@@ -5,12 +5,17 @@ from __future__ import annotations
 import math
 import os
 import socket
+from collections.abc import Iterable
 from typing import Annotated, Any
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+DEFAULT_CONCURRENCY = 100
+"""Async actors one worker runs at once when `concurrency` is not set. At 10 (the default until 0.3) a
+worker spends its time waiting for round trips, not working: benchmarks/README.md, "defaults.py"."""
 
 
 def _default_max_children() -> int:
@@ -27,7 +32,11 @@ class WorkerSettings(BaseSettings):
     listen_dsn: SecretStr | None = None
     """DSN for the LISTEN connection when `dsn` goes through a transaction pooler; default: `dsn`."""
     queues: Annotated[list[str], NoDecode] = ["default"]
-    concurrency: Annotated[int, Field(ge=1, le=100_000)] = 10
+    concurrency: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    """Jobs one worker runs at once. Unset (None): DEFAULT_CONCURRENCY (100) when every actor of the APP is
+    async; with thread or process actors, no more than `max_threads` (thread actors) or `max_children`
+    (process actors) either, so that a worker never claims jobs that would wait for a thread or a child
+    while other workers sit idle. See `resolved_concurrency`."""
     heartbeat_interval: Seconds = 10.0
     lock_timeout: Seconds = 60.0
     cancellation_grace_period: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 30.0
@@ -37,6 +46,7 @@ class WorkerSettings(BaseSettings):
     poll_interval: Seconds = 1.0
     sweep_interval: Seconds = 10.0
     claim_batch_size: Annotated[int, Field(ge=1, le=10_000)] = 100
+    """Most jobs one claim statement takes; a claim asks for min(free slots, this)."""
     max_threads: Annotated[int, Field(ge=1, le=10_000)] = 16
     max_children: Annotated[int, Field(ge=1, le=1_000)] = Field(default_factory=_default_max_children)
     max_leaked_threads: Annotated[int, Field(ge=0)] = 0
@@ -76,6 +86,19 @@ class WorkerSettings(BaseSettings):
             self.shutdown_timeout = self.cancellation_grace_period + self.cleanup_grace_period + 10.0
         assert math.isfinite(self.shutdown_timeout)
         return self
+
+    def resolved_concurrency(self, isolations: Iterable[str]) -> int:
+        """`concurrency`, or when unset the default for a worker running actors of these isolations
+        ("async", "thread", "process")."""
+        if self.concurrency is not None:
+            return self.concurrency
+        kinds = set(isolations)
+        limit = DEFAULT_CONCURRENCY
+        if "thread" in kinds:
+            limit = min(limit, self.max_threads)
+        if "process" in kinds:
+            limit = min(limit, self.max_children)
+        return limit
 
     @property
     def effective_shutdown_timeout(self) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 from uuid import UUID
@@ -105,6 +106,10 @@ async def test_a_finished_job_does_not_send_an_idle_worker_claiming_an_empty_que
         return payload
 
     async with running_worker(dsn, reg, poll_interval=30.0) as worker:
+        # the listener wakes the dispatcher once when it connects (for jobs enqueued while it was away):
+        # let that claim happen, and one job go through, before counting
+        await asyncio.wait_for(worker.listener.connected.wait(), 10)
+        await (await client.enqueue(one, -1)).wait(timeout=10)
         claims = 0
         claim = worker.store.claim
 
