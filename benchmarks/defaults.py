@@ -134,6 +134,15 @@ def as_url(dsn: str) -> str:
     return f"postgresql://{auth}/{dbname}?{urlencode({k: str(v) for k, v in parts.items()})}"
 
 
+def case_settings(case: str) -> dict[str, Any]:
+    """`defaults` -> no settings; `wide` -> WIDE; anything else is `field=value+field=value` (flags)."""
+    if case == "defaults":
+        return {}
+    if case == "wide":
+        return dict(WIDE)
+    return dict(pair.split("=", 1) for pair in case.split("+"))
+
+
 # -- databases ---------------------------------------------------------------------------------------
 
 
@@ -199,7 +208,7 @@ def snap(conn: psycopg.Connection[Any], system: System, server: ServerCpu, pids:
 
 def drain(system: System, case: str, workers: int, jobs: int, timeout: float, tag: str) -> dict[str, Any]:
     fill(system, jobs)
-    settings = WIDE if case == "wide" else {}
+    settings = case_settings(case)
     logs = RESULTS_DIR / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     server = ServerCpu(system.dsn)
@@ -340,7 +349,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
     parser.add_argument("--workers", default="1,2", help="worker process counts, e.g. 1,2")
     parser.add_argument("--systems", default="taskq,baseline,pgqueuer")
-    parser.add_argument("--cases", default="defaults,wide", help="defaults (no settings), wide (taskq only)")
+    parser.add_argument("--cases", default="defaults,wide",
+                        help="defaults (no settings), wide (taskq only), or field=value+field=value (taskq only)")
     parser.add_argument("--baseline-root", type=Path, default=Path("/work/wt-perf-baseline"))
     parser.add_argument("--baseline-venv", type=Path, default=Path("/work/venv-perf-baseline"))
     parser.add_argument("--pgqueuer-venv", type=Path, default=Path("/work/venv-pgqueuer"))
