@@ -13,9 +13,11 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
-DEFAULT_CONCURRENCY = 100
-"""Async actors one worker runs at once when `concurrency` is not set. At 10 (the default until 0.3) a
-worker spends its time waiting for round trips, not working: benchmarks/README.md, "defaults.py"."""
+DEFAULT_CONCURRENCY = 200
+"""Async actors one worker runs at once when `concurrency` is not set: twice the default claim batch, so
+that one batch runs while the statements of the other (its outcomes, the next claim) are in flight. At
+10 (the default until now) a worker spent its time waiting for round trips; 100 measured slower and less
+steady than 200 on one process (benchmarks/README.md, "Issue 13")."""
 
 
 def _default_max_children() -> int:
@@ -33,7 +35,7 @@ class WorkerSettings(BaseSettings):
     """DSN for the LISTEN connection when `dsn` goes through a transaction pooler; default: `dsn`."""
     queues: Annotated[list[str], NoDecode] = ["default"]
     concurrency: Annotated[int, Field(ge=1, le=100_000)] | None = None
-    """Jobs one worker runs at once. Unset (None): DEFAULT_CONCURRENCY (100) when every actor of the APP is
+    """Jobs one worker runs at once. Unset (None): DEFAULT_CONCURRENCY (200) when every actor of the APP is
     async; with thread or process actors, no more than `max_threads` (thread actors) or `max_children`
     (process actors) either, so that a worker never claims jobs that would wait for a thread or a child
     while other workers sit idle. See `resolved_concurrency`."""

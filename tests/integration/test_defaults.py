@@ -37,7 +37,7 @@ def registry_of(*isolations: str) -> ActorRegistry:
 def test_unset_concurrency_is_the_default_for_async_actors_and_the_executor_limit_otherwise() -> None:
     s = WorkerSettings(max_threads=16, max_children=3)
     assert s.concurrency is None
-    assert s.resolved_concurrency(["async"]) == DEFAULT_CONCURRENCY == 100
+    assert s.resolved_concurrency(["async"]) == DEFAULT_CONCURRENCY == 200
     assert s.resolved_concurrency([]) == DEFAULT_CONCURRENCY
     assert s.resolved_concurrency(["async", "thread"]) == 16
     assert s.resolved_concurrency(["process", "async"]) == 3
@@ -50,7 +50,7 @@ def test_a_concurrency_that_is_set_is_used_as_given_whatever_the_actors() -> Non
     assert WorkerSettings(concurrency=40, max_threads=4).resolved_concurrency(["thread"]) == 40
 
 
-@pytest.mark.parametrize(("isolations", "expected"), [(("async",), 100), (("async", "thread"), 4)])
+@pytest.mark.parametrize(("isolations", "expected"), [(("async",), 200), (("async", "thread"), 4)])
 async def test_a_worker_with_default_settings_registers_the_concurrency_it_runs_with(
     dsn: str, isolations: tuple[str, ...], expected: int
 ) -> None:
