@@ -138,7 +138,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=RESULTS_DIR / "latency.json")
     args = parser.parse_args()
     params = {"rate": args.rate, "seconds": args.seconds, "worker": "1 process, default settings "
-              "(poll_interval 1 s, concurrency 10)", "actor": STAMP}
+              "(poll_interval 1 s, concurrency unset: 200)", "actor": STAMP}
     info = machine()
     with bench_database(args.dsn, "latency") as dsn:
         server_info = server_facts(dsn)

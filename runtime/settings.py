@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+from collections.abc import Iterable
 from typing import Annotated, Any
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -13,6 +14,12 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 RetentionSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 """A keep window: seconds after a row finished before it is pruned; 0 keeps the class forever."""
+
+DEFAULT_CONCURRENCY = 200
+"""Async actors one worker runs at once when `concurrency` is not set: twice the default claim batch, so
+that one batch runs while the statements of the other (its outcomes, the next claim) are in flight. At
+10 (the default until now) a worker spent its time waiting for round trips; 100 measured slower and less
+steady than 200 on one process (benchmarks/README.md, "Issue 13")."""
 
 
 def _default_max_children() -> int:
@@ -35,7 +42,11 @@ class WorkerSettings(BaseSettings):
     would miss notifications): LISTEN uses `listen_dsn` when given; without it the worker polls every
     `poll_interval` and cancel requests arrive with the heartbeat."""
     queues: Annotated[list[str], NoDecode] = ["default"]
-    concurrency: Annotated[int, Field(ge=1, le=100_000)] = 10
+    concurrency: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    """Jobs one worker runs at once. Unset (None): DEFAULT_CONCURRENCY (200) when every actor of the APP is
+    async; with thread or process actors, no more than `max_threads` (thread actors) or `max_children`
+    (process actors) either, so that a worker never claims jobs that would wait for a thread or a child
+    while other workers sit idle. See `resolved_concurrency`."""
     heartbeat_interval: Seconds = 10.0
     lock_timeout: Seconds = 60.0
     cancellation_grace_period: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 30.0
@@ -45,6 +56,7 @@ class WorkerSettings(BaseSettings):
     poll_interval: Seconds = 1.0
     sweep_interval: Seconds = 10.0
     claim_batch_size: Annotated[int, Field(ge=1, le=10_000)] = 100
+    """Most jobs one claim statement takes; a claim asks for min(free slots, this)."""
     schedule_poll_interval: Seconds = 1.0
     """Longest wait of the scheduler between two looks at the schedules table (it wakes at the next slot
     it knows of sooner): how soon a resume, or a schedule declared by another worker, is seen."""
@@ -95,6 +107,19 @@ class WorkerSettings(BaseSettings):
             self.shutdown_timeout = self.cancellation_grace_period + self.cleanup_grace_period + 10.0
         assert math.isfinite(self.shutdown_timeout)
         return self
+
+    def resolved_concurrency(self, isolations: Iterable[str]) -> int:
+        """`concurrency`, or when unset the default for a worker running actors of these isolations
+        ("async", "thread", "process")."""
+        if self.concurrency is not None:
+            return self.concurrency
+        kinds = set(isolations)
+        limit = DEFAULT_CONCURRENCY
+        if "thread" in kinds:
+            limit = min(limit, self.max_threads)
+        if "process" in kinds:
+            limit = min(limit, self.max_children)
+        return limit
 
     @property
     def effective_shutdown_timeout(self) -> float:

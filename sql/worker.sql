@@ -153,7 +153,12 @@ WITH i AS (
         snooze_count = j.snooze_count
                        + CASE WHEN i.outcome = 'snoozed' AND j.cancel_requested_at IS NULL THEN 1 ELSE 0 END
     FROM i
-    WHERE j.id = i.id AND j.status = 'running' AND j.attempt = i.attempt AND j.claim_epoch = i.epoch
+    -- the fence on status is written as coalesce(j.status, '') (status is NOT NULL: the same test) so that
+    -- the planner cannot use the partial index jobs_running_lease_idx here: whenever the last ANALYZE saw
+    -- few running rows, the generic plan hash-joined the batch with a full scan of that index, every
+    -- running row of every worker (plus its dead entries until the next vacuum) for each finish. Each row
+    -- is found by its primary key instead (benchmarks/README.md, "statements.py").
+    WHERE j.id = i.id AND coalesce(j.status, '') = 'running' AND j.attempt = i.attempt AND j.claim_epoch = i.epoch
       AND (i.status <> 'cancelled' OR j.cancel_requested_at IS NOT NULL)
     -- j.* here is the row as written: a retry turned into a cancel reads status 'cancelled'
     RETURNING j.id, j.attempt, j.claim_epoch, %(worker_id)s::text AS worker_id, j.status,
@@ -199,7 +204,8 @@ WITH i AS (
                 WHEN j.scheduled_at > now() THEN 'scheduled'
                 ELSE 'pending' END AS status
     FROM taskq.jobs AS j JOIN i ON i.id = j.id
-    WHERE j.status = 'running' AND j.attempt = i.attempt AND j.claim_epoch = i.epoch
+    -- coalesce: by primary key, never a scan of jobs_running_lease_idx (see job_finish_batch)
+    WHERE coalesce(j.status, '') = 'running' AND j.attempt = i.attempt AND j.claim_epoch = i.epoch
 ), upd AS (
     UPDATE taskq.jobs AS j SET
         status = v.status,
@@ -220,7 +226,7 @@ WITH i AS (
                                                 '(requeue it once checked)'
                             ELSE j.error_message END
     FROM verdict AS v
-    WHERE j.id = v.id AND j.status = 'running' AND j.claim_epoch = v.claim_epoch
+    WHERE j.id = v.id AND coalesce(j.status, '') = 'running' AND j.claim_epoch = v.claim_epoch
     RETURNING j.id, j.attempt, j.claim_epoch, v.status
 ), att AS (
     UPDATE taskq.job_attempts AS a SET finished_at = now(),
@@ -254,15 +260,17 @@ WHERE id = %(id)s AND status = 'running' AND attempt = %(attempt)s AND claim_epo
 RETURNING id;
 
 -- name: job_progress
+-- coalesce: by primary key, never a scan of jobs_running_lease_idx (see job_finish_batch)
 UPDATE taskq.jobs SET progress = %(progress)s::jsonb
-WHERE id = %(id)s AND status = 'running' AND attempt = %(attempt)s AND claim_epoch = %(epoch)s
+WHERE id = %(id)s AND coalesce(status, '') = 'running' AND attempt = %(attempt)s AND claim_epoch = %(epoch)s
 RETURNING id;
 
 -- name: job_cancel_escalate
 -- CANCEL_ESCALATION_SQL (spec §3): phase 1 -> 2 on a row we hold, with its event; rowcount 0 = skip.
 WITH upd AS (
     UPDATE taskq.jobs SET cancel_phase = 2
-    WHERE id = %(id)s AND status = 'running' AND attempt = %(attempt)s AND claim_epoch = %(epoch)s
+    -- coalesce: by primary key, never a scan of jobs_running_lease_idx (see job_finish_batch)
+    WHERE id = %(id)s AND coalesce(status, '') = 'running' AND attempt = %(attempt)s AND claim_epoch = %(epoch)s
       AND cancel_phase = 1
     RETURNING id, attempt
 ), ev AS (

@@ -219,8 +219,9 @@ class Supervisor:
 
     def run(self) -> int:
         self._install_signals()
-        log.info("supervisor %d starting %d workers for %s (queues=%s, concurrency=%d each)", self.pid,
-                 self.desired, self.options.app, ",".join(self.settings.queues), self.settings.concurrency)
+        log.info("supervisor %d starting %d workers for %s (queues=%s, concurrency=%s each)", self.pid,
+                 self.desired, self.options.app, ",".join(self.settings.queues),
+                 self.settings.concurrency or "default")
         if self.helper is not None:
             self._fork_helper()
             log.info("metrics endpoint on http://%s/metrics (also /healthz, /readyz)", self.helper.address)

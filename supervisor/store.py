@@ -15,7 +15,8 @@ from taskq.backend import connect_error
 CONNECT_TIMEOUT = 3
 """Seconds (libpq takes whole seconds, at least 2)."""
 RECLAIM_LIMIT = 1_000_000
-"""No real bound: one worker holds at most `concurrency` rows."""
+"""No real bound: one worker holds at most twice `concurrency` rows (those running, those whose outcome
+is being written)."""
 STATEMENT_TIMEOUT_MS = 5000
 RETRY_BASE_DELAY = 1.0
 RETRY_MAX_DELAY = 60.0

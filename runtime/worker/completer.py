@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from taskq.metrics import STALE_WRITES
@@ -18,11 +19,19 @@ MAX_BATCH = 500
 class Completer:
     """Consumers hand their outcome to `finish()`; one loop writes whatever has queued up meanwhile.
     A write that fails (database down) is retried until `give_up_after` seconds, then reported as
-    not written: the lease then expires and the sweeper decides, never a guess here."""
+    not written: the lease then expires and the sweeper decides, never a guess here.
 
-    def __init__(self, store: WorkerStore, *, give_up_after: float) -> None:
+    `outstanding` counts the outcomes handed over and not yet written (queued or in the statement in
+    flight). An actor that has returned no longer needs its slot while its outcome waits here, so the
+    dispatcher may claim for it meanwhile (at most `concurrency` such outcomes): the next claim then
+    overlaps this write instead of waiting for it. `on_queued` is called after each hand-over."""
+
+    def __init__(self, store: WorkerStore, *, give_up_after: float,
+                 on_queued: Callable[[], None] | None = None) -> None:
         self._store = store
         self._give_up_after = give_up_after
+        self._on_queued = on_queued
+        self.outstanding = 0
         self._queue: list[tuple[Finish, asyncio.Future[str | None]]] = []
         self._wake = asyncio.Event()
         self._closed = False
@@ -38,7 +47,10 @@ class Completer:
         loop = self._loop or self._bind_loop()
         future: asyncio.Future[str | None] = loop.create_future()
         self._queue.append((item, future))
+        self.outstanding += 1
         self._wake.set()
+        if self._on_queued is not None:
+            self._on_queued()
         return await future
 
     def _bind_loop(self) -> asyncio.AbstractEventLoop:
@@ -80,6 +92,12 @@ class Completer:
             await self._write(batch)
 
     async def _write(self, batch: list[tuple[Finish, asyncio.Future[str | None]]]) -> None:
+        try:
+            await self._write_once(batch)
+        finally:
+            self.outstanding -= len(batch)
+
+    async def _write_once(self, batch: list[tuple[Finish, asyncio.Future[str | None]]]) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._give_up_after
         delay = 0.05

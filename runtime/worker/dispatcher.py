@@ -33,7 +33,7 @@ class Dispatcher:
         loop = asyncio.get_running_loop()
         backoff = 0.05
         while not self.w.draining:
-            free = s.concurrency - len(self.w.registry)
+            free = self.free_slots()
             if free <= 0:
                 self.wake.clear()
                 self.full = True
@@ -64,6 +64,16 @@ class Dispatcher:
             if len(jobs) < want:
                 await self._wait(s.poll_interval)
                 self.wake.clear()
+
+    def free_slots(self) -> int:
+        """Slots for new claims: `concurrency` minus the jobs whose actors have not returned yet. A job
+        whose outcome waits in the completer does not count (its actor is done; claiming for its slot
+        now overlaps the next claim with that write), but at most `concurrency` of those are held, so
+        a worker never holds more than twice `concurrency` rows."""
+        held = len(self.w.registry)
+        concurrency = self.w.concurrency
+        outstanding = self.w.completer.outstanding
+        return min(concurrency - held + outstanding, 2 * concurrency - held)
 
     async def _wait(self, timeout: float) -> None:
         """Until woken, or `timeout` seconds. Not asyncio.wait_for: on Python 3.11 it waits in a task of

@@ -157,7 +157,7 @@ class Heartbeat:
         log.warning("this worker's row was removed (considered dead by a sweeper); registering again and "
                     "checking every held job")
         s = self.w.settings
-        await self.w.store.register(s.queues, s.concurrency, s.lock_timeout, conn)
+        await self.w.store.register(s.queues, self.w.concurrency, s.lock_timeout, conn)
         held = self.w.registry.held()
         still = await self.w.store.reconcile(conn, held, s.lock_timeout)  # fenced on the epoch we hold
         cancels = {job_id: row for job_id, row in still.items() if row.cancel_phase > 0}

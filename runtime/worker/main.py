@@ -93,6 +93,8 @@ class Worker:
         self.settings = settings
         self.actors = as_registry(actors)
         self.worker_id = settings.resolved_worker_id()
+        self.concurrency = settings.resolved_concurrency(a.isolation for a in self.actors)
+        """Jobs this worker runs at once: the `concurrency` setting, or its default for these actors."""
         self.registry = ActiveJobRegistry()
         self.draining = False
         self.shutdown_active = False
@@ -250,15 +252,15 @@ class Worker:
         s = self.settings
         dsn = resolve_dsn(s.dsn_value())
         # the worker's connections name it, so that the lease-loss trigger tells its own writes apart
-        self.backend = await Backend.open(dsn, min_size=2, max_size=max(4, min(20, s.concurrency // 50 + 4)),
+        self.backend = await Backend.open(dsn, min_size=2, max_size=max(4, min(20, self.concurrency // 50 + 4)),
                                           reconnect_timeout=POOL_RECONNECT_TIMEOUT,
                                           worker_id=self.worker_id, transaction_pooler=s.transaction_pooler)
         self.store = WorkerStore(self.backend, self.worker_id)
-        self.completer = Completer(self.store, give_up_after=s.lock_timeout)
+        self.completer = Completer(self.store, give_up_after=s.lock_timeout, on_queued=self.slot_freed)
         self.pruner = Pruner(self.store, s)
         listen_dsn = s.listen_dsn_value()
         self.listener.dsn = resolve_dsn(listen_dsn) if listen_dsn else dsn
-        await self.store.register(s.queues, s.concurrency, s.lock_timeout)
+        await self.store.register(s.queues, self.concurrency, s.lock_timeout)
         taken = await self.store.take_over()
         if taken:
             log.warning("reclaimed %s left running under worker id %s by an earlier process", taken, self.worker_id)
@@ -267,7 +269,7 @@ class Worker:
                                    poll_interval=s.schedule_poll_interval)
         await self.scheduler.sync()  # code declarations are upserted when a worker starts
         log.info("worker %s started: queues=%s concurrency=%d actors=%s", self.worker_id, s.queues,
-                 s.concurrency, self.actors.names())
+                 self.concurrency, self.actors.names())
         services = {
             "completer": loop.create_task(self.completer.run(), name="taskq-completer"),
             "heartbeat": loop.create_task(self.heartbeat.run(), name="taskq-heartbeat"),
