@@ -83,6 +83,9 @@ class Actor(Generic[P, R]):
     payload_adapter: TypeAdapter[P] = field(repr=False)
     result_adapter: TypeAdapter[R] = field(repr=False)
     takes_context: bool = True
+    idempotent: bool = True
+    """False: an attempt whose effect is unknown (its worker crashed or lost the lease, or a shutdown had
+    to force it) is never re-run automatically; the job ends crashed for an operator to requeue."""
 
     def validate_payload(self, payload: Any) -> P:
         """The payload as the actor's type; raises PayloadInvalid naming the failing fields."""
@@ -234,6 +237,7 @@ def actor(
     on_retry_exhausted: Hook | None = ...,
     on_cancel_timeout: float = ...,
     hook_timeout: float = ...,
+    idempotent: bool = ...,
     registry: ActorRegistry | None = ...,
 ) -> Callable[[Callable[..., Any]], Actor[Any, Any]]: ...
 
@@ -256,6 +260,7 @@ def actor(
     on_retry_exhausted: Hook | None = None,
     on_cancel_timeout: float = 3.0,
     hook_timeout: float = 3.0,
+    idempotent: bool = True,
     registry: ActorRegistry | None = None,
 ) -> Actor[Any, Any] | Callable[[Callable[..., Any]], Actor[Any, Any]]:
     """Declare a job handler. `async def` runs on the worker's event loop; a plain `def` runs in a
@@ -288,6 +293,8 @@ def actor(
             raise ActorDefinitionError(f"max_attempts must be an int >= 1, got {max_attempts!r}")
         if not isinstance(priority, int) or isinstance(priority, bool) or not -(2**31) <= priority < 2**31:
             raise ActorDefinitionError(f"priority must be a 32-bit int, got {priority!r}")
+        if not isinstance(idempotent, bool):
+            raise ActorDefinitionError(f"idempotent must be True or False, got {idempotent!r}")
         _check_seconds("timeout", timeout)
         _check_seconds("schedule_to_close", schedule_to_close)
         _check_seconds("on_cancel_timeout", on_cancel_timeout, allow_none=False)
@@ -321,6 +328,7 @@ def actor(
             payload_adapter=payload_adapter,
             result_adapter=result_adapter,
             takes_context=takes_context,
+            idempotent=idempotent,
         )
         (registry if registry is not None else default_registry).register(declared)
         return declared

@@ -8,7 +8,7 @@ from __future__ import annotations
 from taskq.actors.declaration import Actor, ActorRegistry, RetryPolicy, actor
 from taskq.client import JobHandle, JobsClient
 from taskq.context import JobContext
-from taskq.exceptions import JobFailed, NonRetryableError, TaskqError
+from taskq.exceptions import JobFailed, NonRetryableError, Snooze, SnoozeInvalid, TaskqError
 from taskq.models import (
     BulkCancelResult,
     BulkRequeueResult,
@@ -44,6 +44,8 @@ __all__ = [
     "RequeueResult",
     "RetryPolicy",
     "Schedule",
+    "Snooze",
+    "SnoozeInvalid",
     "TaskqError",
     "WorkerSettings",
     "actor",

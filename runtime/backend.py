@@ -6,10 +6,11 @@ them) and returns models. Worker-side operations live in `taskq.worker.store` on
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Self, TypeVar, cast
@@ -32,6 +33,8 @@ from taskq.models import (
     JobFilter,
     JobRow,
     JobStatus,
+    PruneClass,
+    PruneResult,
     ScheduleInfo,
 )
 
@@ -122,9 +125,11 @@ class JobOptions:
     scheduled_at: datetime | None
     schedule_to_close: float | None
     parent_id: UUID | None = None
+    idempotent: bool = True
 
     def params(self) -> dict[str, Any]:
         return {
+            "idempotent": self.idempotent,
             "actor": self.actor,
             "queue": self.queue,
             "priority": self.priority,
@@ -148,7 +153,7 @@ class JobInsert:
     unique_scope: str | None = None
 
     def params(self) -> dict[str, Any]:
-        return self.options.params() | {"id": self.id, "payload": self.payload_json}
+        return self.options.params() | {"id": self.id, "payload": self.payload_json, "notify": True}
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +168,7 @@ class JobBatch:
     unique_scope: str | None = None
 
     def params(self) -> dict[str, Any]:
-        return self.options.params() | {"ids": self.ids, "payloads": self.payloads_json}
+        return self.options.params() | {"ids": self.ids, "payloads": self.payloads_json, "notify": True}
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +270,8 @@ class InsertedJob:
                 unique_key=job.unique_key,
                 unique_scope=job.unique_scope,
                 requeue_count=0,
+                snooze_count=0,
+                idempotent=opts.idempotent,
             )
         )
 
@@ -295,30 +302,54 @@ async def check_schema(conn: AsyncConnection[Any]) -> int:
     return version
 
 
-def connect_options(dsn: str, settings: dict[str, str]) -> dict[str, str]:
-    """libpq `options` setting `settings` at connect time, kept after any options the DSN has."""
-    if not settings:
-        return {}
-    given = conninfo_to_dict(dsn).get("options")
-    extra = " ".join(f"-c {name}={_escape_option(value)}" for name, value in settings.items())
-    return {"options": f"{given} {extra}" if given else extra}
+WORKER_APPLICATION_NAME = "taskq-worker "
+"""A worker's connections carry `application_name` = this prefix + its id: the lease-loss triggers read it
+to tell the worker's own writes from anyone else's. Transaction poolers (PgBouncer) carry application_name
+to whichever server connection runs the transaction, where they refuse a startup `options` setting."""
+
+
+def connection_kwargs(dsn: str, *, worker_id: str | None, transaction_pooler: bool) -> dict[str, Any]:
+    """psycopg connect arguments beyond the DSN: the worker's identity, and no prepared statements
+    through a transaction pooler (the next transaction may run on a server connection that lacks them)."""
+    kwargs: dict[str, Any] = {"autocommit": True}
+    if transaction_pooler:
+        kwargs["prepare_threshold"] = None
+    if worker_id is not None:
+        kwargs["application_name"] = WORKER_APPLICATION_NAME + worker_id
+        if not transaction_pooler:
+            # exact even for an id longer than application_name's 63 bytes; PgBouncer refuses it
+            given = conninfo_to_dict(dsn).get("options")
+            extra = f"-c taskq.worker_id={_escape_option(worker_id)}"
+            kwargs["options"] = f"{given} {extra}" if given else extra
+    return kwargs
 
 
 def _escape_option(value: str) -> str:
     return value.replace("\\", "\\\\").replace(" ", "\\ ")
 
 
+def transaction_pooler_from_env() -> bool:
+    """`TASKQ_TRANSACTION_POOLER` as the settings read it (1/true/yes/on), for clients without settings."""
+    return os.environ.get("TASKQ_TRANSACTION_POOLER", "").strip().lower() in ("1", "true", "yes", "on")
+
+
 class Backend:
     """Job operations over an autocommit connection pool. Open with `Backend.open(dsn)`."""
 
-    def __init__(self, pool: AsyncConnectionPool[AsyncConnection[Any]], dsn: str) -> None:
+    def __init__(
+        self, pool: AsyncConnectionPool[AsyncConnection[Any]], dsn: str, *, transaction_pooler: bool = False
+    ) -> None:
+        from taskq.backend_notify import EnqueueNotifier  # it builds on this module
+
         self.pool = pool
         self.dsn = dsn
+        self.transaction_pooler = transaction_pooler
+        self.notifier = EnqueueNotifier(pool)
 
     @classmethod
     async def open(
         cls, dsn: str, *, min_size: int = 1, max_size: int = 10, check: bool = True, timeout: float = 10.0,
-        reconnect_timeout: float = 300.0, session_settings: dict[str, str] | None = None,
+        reconnect_timeout: float = 300.0, worker_id: str | None = None, transaction_pooler: bool = False,
     ) -> Self:
         """Connect once to report a clear error (and check the schema), then open the pool.
 
@@ -327,7 +358,8 @@ class Backend:
         value keeps a long outage from growing the delays so much that the pool stays empty for as long
         again after the server is back.
 
-        `session_settings` are set on every pooled connection at connect time (no extra round trip)."""
+        `worker_id` names a worker's connections (see WORKER_APPLICATION_NAME), at connect time, with no
+        extra round trip. `transaction_pooler`: `dsn` goes through PgBouncer in transaction mode, or the like."""
         try:
             probe = await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=int(max(1, timeout)))
         except psycopg.OperationalError as exc:
@@ -341,18 +373,21 @@ class Backend:
             dsn,
             min_size=min_size,
             max_size=max_size,
-            kwargs={"autocommit": True, **connect_options(dsn, session_settings or {})},
+            kwargs=connection_kwargs(dsn, worker_id=worker_id, transaction_pooler=transaction_pooler),
             open=False,
             name="taskq",
             timeout=timeout,
             reconnect_timeout=reconnect_timeout,
         )
         await pool.open(wait=True, timeout=timeout)
-        return cls(pool, dsn)
+        return cls(pool, dsn, transaction_pooler=transaction_pooler)
 
     async def close(self, *, timeout: float = 5.0) -> None:
         """Close the pool; `timeout` bounds the wait for its background tasks (reconnection attempts)."""
-        await self.pool.close(timeout=timeout)
+        try:
+            await self.notifier.flush(timeout)
+        finally:
+            await self.pool.close(timeout=timeout)
 
     # -- enqueue ---------------------------------------------------------------------------------
 
@@ -363,11 +398,12 @@ class Backend:
     @_reports_outage
     async def job_insert_deferred(self, job: JobInsert, *, conn: AsyncConnection[Any] | None = None) -> InsertedJob:
         """`job_insert`, leaving the JobRow to be built by the caller if it wants it."""
+        notify = conn is not None or self.notifier.inline(job.options.queue)
         if job.unique_key is not None:
             from taskq import backend_unique  # it builds on this module
 
-            return await backend_unique.insert_unique(self.pool, job, conn)
-        if conn is not None:
+            inserted = await backend_unique.insert_unique(self.pool, job, conn, notify=notify)
+        elif conn is not None:
             # the caller's connection may have a row factory of its own
             async with conn.cursor(row_factory=tuple_row) as cur:
                 await cur.execute(sql.query("job_insert"), job.params())
@@ -375,15 +411,21 @@ class Backend:
         else:
             # getconn/putconn rather than pool.connection(): its `async with conn` issues a no-op
             # commit whose Python overhead is a tenth of a single enqueue (the pool is autocommit)
+            params = job.params()
+            params["notify"] = notify
             pconn = await self.pool.getconn()
             try:
-                cur = await pconn.execute(sql.query("job_insert"), job.params())
+                cur = await pconn.execute(sql.query("job_insert"), params)
                 written = await cur.fetchone()
             finally:
                 await self.pool.putconn(pconn)
-        assert written is not None
-        status, scheduled_at, schedule_to_close, created_at, _ = written
-        return InsertedJob(job, status, scheduled_at, schedule_to_close, created_at)
+        if job.unique_key is None:
+            assert written is not None
+            status, scheduled_at, schedule_to_close, created_at, _ = written
+            inserted = InsertedJob(job, status, scheduled_at, schedule_to_close, created_at)
+        if not notify and inserted.status == "pending":
+            self.notifier.after_commit(job.options.queue)
+        return inserted
 
     @_reports_outage
     async def job_insert_many(
@@ -393,19 +435,25 @@ class Backend:
         {index in the batch: holder id} for the jobs it did not write (None without keys)."""
         if not batch.ids:
             return None
+        notify = conn is not None or self.notifier.inline(batch.options.queue)
+        skipped: dict[int, UUID] | None = None
         if batch.unique_keys is not None:
             from taskq import backend_unique
 
-            return await backend_unique.insert_many_unique(self.pool, batch, conn)
-        if conn is not None:
+            skipped = await backend_unique.insert_many_unique(self.pool, batch, conn, notify=notify)
+        elif conn is not None:
             await conn.execute(sql.query("job_insert_many"), batch.params())
         else:
+            params = batch.params()
+            params["notify"] = notify
             pconn = await self.pool.getconn()  # see job_insert
             try:
-                await pconn.execute(sql.query("job_insert_many"), batch.params())
+                await pconn.execute(sql.query("job_insert_many"), params)
             finally:
                 await self.pool.putconn(pconn)
-        return None
+        if not notify:  # a batch scheduled ahead gets a NOTIFY it did not need: harmless, and rare
+            self.notifier.after_commit(batch.options.queue)
+        return skipped
 
     # -- reads -----------------------------------------------------------------------------------
 
@@ -543,3 +591,47 @@ class Backend:
                     for job_id, prev, requeued, conflict, _ in await cur.fetchall()
                 ]
         raise UniqueKeyContention("a bulk requeue batch kept meeting unique keys taken meanwhile; try again")
+
+    # -- retention ---------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def dedicated_connection(self, *, timeout: float = 10.0) -> AsyncIterator[AsyncConnection[Any]]:
+        """An autocommit connection of its own, outside the pool (pruning must never hold a connection
+        the claims and finishes need); closed on exit."""
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                self.dsn, connect_timeout=int(max(1, timeout)),
+                **connection_kwargs(self.dsn, worker_id=None, transaction_pooler=self.transaction_pooler),
+            )
+        except psycopg.OperationalError as exc:
+            raise connect_error(self.dsn, exc) from None
+        try:
+            yield conn
+        finally:
+            await conn.close()
+
+    @staticmethod
+    async def job_prune_batch(conn: AsyncConnection[Any], cls: PruneClass, keep: float, limit: int) -> tuple[int, int]:
+        """Delete one bounded batch of `cls` rows finished more than `keep` seconds ago (jobs with their
+        events); returns (rows deleted, events deleted)."""
+        cur = await conn.execute(sql.query(f"prune_{cls.value}"), {"keep": keep, "limit": limit})
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
+    @staticmethod
+    async def job_prune_pause(conn: AsyncConnection[Any], seconds: float) -> None:
+        """Wait `seconds` on the server holding the prune gate (if no other pruner holds it)."""
+        await conn.execute(sql.query("prune_pause"), {"seconds": seconds})
+
+    @staticmethod
+    async def job_prune_count(conn: AsyncConnection[Any], keep: dict[PruneClass, float]) -> PruneResult:
+        """What a prune with these windows would delete now (0 disables a class); deletes nothing."""
+        cur = await conn.execute(sql.query("prune_count"), {
+            "keep_succeeded": keep[PruneClass.SUCCEEDED], "keep_failed": keep[PruneClass.FAILED],
+            "keep_attempts": keep[PruneClass.ATTEMPTS],
+        })
+        row = await cur.fetchone()
+        assert row is not None
+        return PruneResult(succeeded=int(row[0]), failed=int(row[1]), attempts=int(row[2]), events=int(row[3]),
+                           dry_run=True)

@@ -29,10 +29,13 @@ from taskq.models import JobRow
 Pool = AsyncConnectionPool[AsyncConnection[Any]]
 
 
-async def insert_unique(pool: Pool, job: JobInsert, conn: AsyncConnection[Any] | None) -> InsertedJob:
+async def insert_unique(
+    pool: Pool, job: JobInsert, conn: AsyncConnection[Any] | None, *, notify: bool = True
+) -> InsertedJob:
     """One job with a key: written, or the holder returned (InsertedJob.holder). A holder that ended
     between the insert and the lookup (scope 'active' frees its key) lets the insert try again."""
     params = job.params()
+    params["notify"] = notify
     params["unique_key"] = job.unique_key
     params["unique_scope"] = job.unique_scope
     query = sql.query("job_insert_unique")
@@ -69,7 +72,9 @@ async def _holder(conn: AsyncConnection[Any], key: str | None) -> JobRow | None:
     return row_to_job(row) if row else None
 
 
-async def insert_many_unique(pool: Pool, batch: JobBatch, conn: AsyncConnection[Any] | None) -> dict[int, UUID]:
+async def insert_many_unique(
+    pool: Pool, batch: JobBatch, conn: AsyncConnection[Any] | None, *, notify: bool = True
+) -> dict[int, UUID]:
     """A batch with one key (or None) per job. Returns {index in the batch: holder id} for the jobs it
     did not write. Two jobs of the batch with one key: the first is written (or finds the holder), the
     others get the first's id."""
@@ -86,7 +91,7 @@ async def insert_many_unique(pool: Pool, batch: JobBatch, conn: AsyncConnection[
     send: Sequence[int] = range(len(keys)) if not repeats else [i for i in range(len(keys)) if i not in repeats]
     target = await pool.getconn() if conn is None else conn  # getconn: see Backend.job_insert_deferred
     try:
-        skipped = await _on_conflict(target, batch, send)
+        skipped = await _on_conflict(target, batch, send, notify)
     finally:
         if conn is None:
             await pool.putconn(target)
@@ -95,9 +100,10 @@ async def insert_many_unique(pool: Pool, batch: JobBatch, conn: AsyncConnection[
     return skipped
 
 
-def _params(batch: JobBatch, rows: Sequence[int]) -> dict[str, Any]:
+def _params(batch: JobBatch, rows: Sequence[int], notify: bool) -> dict[str, Any]:
     assert batch.unique_keys is not None
     params = batch.params()
+    params["notify"] = notify
     if len(rows) != len(batch.ids):
         params["ids"] = [batch.ids[i] for i in rows]
         params["payloads"] = [batch.payloads_json[i] for i in rows]
@@ -108,12 +114,14 @@ def _params(batch: JobBatch, rows: Sequence[int]) -> dict[str, Any]:
     return params
 
 
-async def _on_conflict(conn: AsyncConnection[Any], batch: JobBatch, rows: Sequence[int]) -> dict[int, UUID]:
+async def _on_conflict(
+    conn: AsyncConnection[Any], batch: JobBatch, rows: Sequence[int], notify: bool
+) -> dict[int, UUID]:
     """INSERT ... ON CONFLICT DO NOTHING, then the holders of the rows it skipped, until every row is
     written or has a holder."""
     skipped: dict[int, UUID] = {}
     for _ in range(UNIQUE_INSERT_TRIES):
-        cur = await conn.execute(sql.query("job_insert_many_unique"), _params(batch, rows))
+        cur = await conn.execute(sql.query("job_insert_many_unique"), _params(batch, rows, notify))
         row = await cur.fetchone()
         assert row is not None
         if row[0] == len(rows):

@@ -77,7 +77,7 @@ def jobs_table(rows: Sequence[JobRow], *, limit: int) -> str:
     body = table(
         JOB_COLUMNS,
         [
-            (r.id, r.actor, r.queue, r.status.value, f"{r.attempt}/{r.max_attempts}", r.requeue_count,
+            (r.id, r.actor, r.queue, r.status.value, _attempt_cell(r), r.requeue_count,
              when(r.created_at), r.unique_key, r.error_class)
             for r in rows
         ],
@@ -85,6 +85,13 @@ def jobs_table(rows: Sequence[JobRow], *, limit: int) -> str:
     if len(rows) >= limit:
         body += f"\n(showing the newest {limit}; raise --limit or narrow the filters to see others)"
     return body
+
+
+def _attempt_cell(row: JobRow) -> str:
+    cell = f"{row.attempt}/{row.max_attempts}"
+    if row.snooze_count:
+        cell += f" ({row.snooze_count} snoozed)"
+    return cell
 
 
 def _compact(value: Any) -> str:
@@ -118,7 +125,9 @@ def job_detail(row: JobRow, events: Sequence[JobEvent], attempts: Sequence[JobAt
         ("status", row.status.value),
         ("error", error),
         ("attempt", f"{row.attempt} of {row.max_attempts} (claim epoch {row.claim_epoch}, "
-                    f"interrupted {row.interrupt_count} times)"),
+                    f"interrupted {row.interrupt_count} times, snoozed {row.snooze_count} times)"),
+        ("idempotent", "yes" if row.idempotent else
+                       "no (after a crash or lost lease it ends crashed, for an operator to requeue)"),
         ("priority", str(row.priority)),
         ("tags", ", ".join(row.tags) or NONE),
         ("unique key", f"{row.unique_key} (scope {row.unique_scope})" if row.unique_key else NONE),

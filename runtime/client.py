@@ -19,7 +19,7 @@ from typing_extensions import TypeVar
 
 from taskq import operations, schedule_admin
 from taskq.actors.declaration import Actor, ActorRegistry, default_registry
-from taskq.backend import Backend, JobBatch, JobInsert, JobOptions, uuid7, uuid7_many
+from taskq.backend import Backend, JobBatch, JobInsert, JobOptions, transaction_pooler_from_env, uuid7, uuid7_many
 from taskq.checks import as_job_id, check_text
 from taskq.dsn import resolve_dsn
 from taskq.exceptions import ConfigurationError, JobFailed, PayloadInvalid, PayloadTooLarge
@@ -188,6 +188,7 @@ def _check_options(
         max_attempts=attempts,
         scheduled_at=_when(scheduled_at),
         schedule_to_close=_seconds("schedule_to_close", deadline),
+        idempotent=actor.idempotent if actor is not None else True,
     )
 
 
@@ -343,11 +344,16 @@ class JobsClient:
         min_size: int = 1,
         max_size: int = 10,
         timeout: float = 10.0,
+        transaction_pooler: bool | None = None,
     ) -> Self:
-        """Open a client. `dsn` None means `TASKQ_DSN`, else the embedded server. Raises
-        DatabaseUnavailable, SchemaNotReady (run `taskq migrate`) or SchemaTooNew."""
+        """Open a client. `dsn` None means `TASKQ_DSN`, else the embedded server. `transaction_pooler`:
+        `dsn` goes through PgBouncer in transaction mode or the like, so no prepared statements (None reads
+        env `TASKQ_TRANSACTION_POOLER`). Raises DatabaseUnavailable, SchemaNotReady (run `taskq migrate`)
+        or SchemaTooNew."""
         resolved = resolve_dsn(dsn)
-        backend = await Backend.open(resolved, min_size=min_size, max_size=max_size, timeout=timeout)
+        pooled = transaction_pooler_from_env() if transaction_pooler is None else transaction_pooler
+        backend = await Backend.open(resolved, min_size=min_size, max_size=max_size, timeout=timeout,
+                                     transaction_pooler=pooled)
         return cls(backend, registry=registry, max_payload_bytes=max_payload_bytes)
 
     async def close(self) -> None:

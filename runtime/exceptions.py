@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from taskq.models import JobRow
@@ -59,6 +61,52 @@ class ResultInvalid(TaskqError, ValueError):
 
 class NonRetryableError(TaskqError):
     """Raise (or subclass) from an actor to fail the job at once, whatever retry budget is left."""
+
+
+class SnoozeInvalid(NonRetryableError, ValueError):
+    """`taskq.Snooze(delay)` got a delay that is not a finite number of seconds between 0 and
+    MAX_SNOOZE_SECONDS. Raised by the constructor inside the actor, so the attempt fails at once
+    (error_class SnoozeInvalid, not retried: the same code would compute the same delay again)."""
+
+
+MAX_SNOOZE_SECONDS = 10 * 366 * 86400.0
+"""The longest snooze: ten years."""
+
+
+class Snooze(Exception):
+    """Raise from an actor to run the job again `delay` seconds from now (a float or a timedelta).
+
+    The job goes back to `scheduled`, neither failed nor succeeded: a snooze never uses up max_attempts
+    (each one gives its attempt back to the budget) while `attempt` and `claim_epoch` still rise at the
+    next claim. Recorded as a `snoozed` event with the delay and a `snoozed` attempts row. An operator's
+    cancel request on the row wins: the job ends cancelled instead. Works the same from async, thread and
+    process actors."""
+
+    def __init__(self, delay: float | timedelta) -> None:
+        seconds = snooze_seconds(delay)
+        super().__init__(seconds)
+        self.delay = seconds
+
+    def __str__(self) -> str:
+        return f"snoozed for {self.delay:g} s"
+
+    def __reduce__(self) -> tuple[Any, ...]:  # crosses the process-isolation boundary by pickle
+        return (Snooze, (self.delay,))
+
+
+def snooze_seconds(delay: Any) -> float:
+    """The delay of a Snooze in seconds; SnoozeInvalid unless it is a finite number in [0, 10 years]."""
+    if isinstance(delay, timedelta):
+        value = delay.total_seconds()
+    elif isinstance(delay, int | float) and not isinstance(delay, bool):
+        value = float(delay)
+    else:
+        raise SnoozeInvalid(f"Snooze delay must be seconds (a number) or a timedelta, got {delay!r}")
+    if not math.isfinite(value) or not 0 <= value <= MAX_SNOOZE_SECONDS:
+        raise SnoozeInvalid(
+            f"Snooze delay must be a finite number of seconds between 0 and {MAX_SNOOZE_SECONDS:g}, got {delay!r}"
+        )
+    return value
 
 
 class JobFailed(TaskqError):

@@ -27,6 +27,8 @@ INVARIANTS: dict[str, str] = {
     "inv_requeues_have_events": "every requeue has its requeued event",
     "inv_requeue_monotonic": "a requeue never lowers attempt or claim_epoch",
     "inv_unique_key_single_holder": "at most one non-terminal (or retained) job per unique key",
+    "inv_snoozes_counted": "every snooze counted on the row, in the timeline and in the attempts",
+    "inv_claims_monotonic": "attempt and claim_epoch rise with every claim (through snoozes and requeues)",
 }
 
 

@@ -42,3 +42,7 @@ SCHEDULE_TICK = Histogram(
     "Duration of one scheduler tick (its one transaction)",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )
+ROWS_PRUNED = Counter(
+    "taskq_rows_pruned", "Rows deleted by retention, by class (succeeded, failed, attempts, events)", ["class"]
+)
+JOBS_SNOOZED = Counter("taskq_jobs_snoozed", "Attempts that ended with the actor raising taskq.Snooze")

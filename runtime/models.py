@@ -101,6 +101,10 @@ class JobRow(BaseModel):
     """The schedule that made this job, if one did."""
     scheduled_for: datetime | None = None
     """Its nominal slot time (a trigger's own instant)."""
+    snooze_count: int = 0
+    """Times the actor raised taskq.Snooze; each gave its attempt back to the budget (max_attempts + 1)."""
+    idempotent: bool = True
+    """False for a job of an `@actor(idempotent=False)`: a crash or lost lease ends it crashed, never retried."""
 
     @property
     def is_terminal(self) -> bool:
@@ -205,6 +209,38 @@ class BulkRequeueResult(BaseModel):
     @property
     def total(self) -> int:
         return sum(self.by_previous_status.values())
+
+class PruneClass(enum.StrEnum):
+    """A retention class: terminal statuses pruned on one keep window (job_attempts rows are their own)."""
+
+    SUCCEEDED = "succeeded"
+    """succeeded and cancelled jobs, after `retention_succeeded`"""
+    FAILED = "failed"
+    """failed, crashed and abandoned jobs, after `retention_failed`"""
+    ATTEMPTS = "attempts"
+    """finished job_attempts rows, after `retention_attempts`"""
+
+
+class PruneResult(BaseModel):
+    """What one prune deleted (or, with `dry_run`, would delete now): jobs per retention class, the
+    events deleted with them, and attempts rows."""
+
+    model_config = _frozen
+
+    succeeded: int = 0
+    """succeeded + cancelled jobs"""
+    failed: int = 0
+    """failed + crashed + abandoned jobs"""
+    attempts: int = 0
+    events: int = 0
+    dry_run: bool = False
+    batches: int = 0
+    seconds: float = 0.0
+
+    @property
+    def total(self) -> int:
+        """Rows of jobs and attempts (events not counted)."""
+        return self.succeeded + self.failed + self.attempts
 
 
 NonEmptyStr = Annotated[str, StringConstraints(min_length=1, max_length=255)]

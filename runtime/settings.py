@@ -11,6 +11,8 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+RetentionSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+"""A keep window: seconds after a row finished before it is pruned; 0 keeps the class forever."""
 
 
 def _default_max_children() -> int:
@@ -25,7 +27,13 @@ class WorkerSettings(BaseSettings):
     dsn: SecretStr | None = None
     """PostgreSQL DSN; None uses the embedded server."""
     listen_dsn: SecretStr | None = None
-    """DSN for the LISTEN connection when `dsn` goes through a transaction pooler; default: `dsn`."""
+    """DSN for the LISTEN connection when `dsn` goes through a transaction pooler; default: `dsn`
+    (with `transaction_pooler`, default: no LISTEN at all)."""
+    transaction_pooler: bool = False
+    """`dsn` goes through a transaction-pooling proxy (PgBouncer with pool_mode=transaction): no
+    startup options and no prepared statements on it, and no LISTEN on it either (a pooled LISTEN
+    would miss notifications): LISTEN uses `listen_dsn` when given; without it the worker polls every
+    `poll_interval` and cancel requests arrive with the heartbeat."""
     queues: Annotated[list[str], NoDecode] = ["default"]
     concurrency: Annotated[int, Field(ge=1, le=100_000)] = 10
     heartbeat_interval: Seconds = 10.0
@@ -53,6 +61,14 @@ class WorkerSettings(BaseSettings):
     metrics_host: str = "127.0.0.1"
     worker_id: str | None = None
     """Default: `<host>:<pid>:<random>`, fixed at startup."""
+    retention_succeeded: RetentionSeconds = 86400.0
+    """Seconds succeeded and cancelled jobs (with their events) are kept after they finish; 0 = forever."""
+    retention_failed: RetentionSeconds = 604800.0
+    """Seconds failed, crashed and abandoned jobs (with their events) are kept after they finish; 0 = forever."""
+    retention_attempts: RetentionSeconds = 2592000.0
+    """Seconds job_attempts rows are kept after their attempt finished (they outlive their jobs); 0 = forever."""
+    prune_interval: Seconds = 60.0
+    """Seconds between two prunes of a worker (each worker prunes; they share the work safely)."""
 
     @field_validator("queues", mode="before")
     @classmethod
@@ -90,6 +106,10 @@ class WorkerSettings(BaseSettings):
 
     def listen_dsn_value(self) -> str | None:
         return self.listen_dsn.get_secret_value() if self.listen_dsn is not None else self.dsn_value()
+
+    def listens(self) -> bool:
+        """Whether the worker holds a LISTEN connection (not on a pooled `dsn` without `listen_dsn`)."""
+        return not self.transaction_pooler or self.listen_dsn is not None
 
     def resolved_worker_id(self) -> str:
         if self.worker_id is None:

@@ -24,16 +24,16 @@ SELECT coalesce(max(version), 0) AS version FROM taskq.schema_migrations;
 -- name: job_insert
 -- Returns only what the server decides; the client knows the rest of the row it sent. A plain
 -- INSERT ... RETURNING (the NOTIFY in the RETURNING list) costs the server a sixth less than the same
--- statement wrapped in a CTE.
+-- statement wrapped in a CTE. With notify false the NOTIFY is left to a later jobs_notify (backend_notify).
 INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
-                        scheduled_at, schedule_to_close, parent_id)
+                        scheduled_at, schedule_to_close, parent_id, idempotent)
 VALUES (%(id)s, %(actor)s, %(queue)s, %(payload)s::jsonb,
         CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
         %(priority)s, %(tags)s::text[], %(max_attempts)s,
         greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
-        now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s)
+        now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s, %(idempotent)s)
 RETURNING status, scheduled_at, schedule_to_close, created_at,
-          (CASE WHEN status = 'pending' THEN pg_notify('taskq_jobs', queue) END) IS NULL AS _n;
+          (CASE WHEN %(notify)s::bool AND status = 'pending' THEN pg_notify('taskq_jobs', queue) END) IS NULL AS _n;
 
 -- name: job_insert_many
 -- One statement per batch of one enqueue_many call: only ids and payloads vary, sent as binary arrays
@@ -41,35 +41,37 @@ RETURNING status, scheduled_at, schedule_to_close, created_at,
 -- NOTIFY for the whole batch when its jobs are due now.
 WITH ins AS (
     INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
-                            scheduled_at, schedule_to_close, parent_id)
+                            scheduled_at, schedule_to_close, parent_id, idempotent)
     SELECT u.id, %(actor)s::text, %(queue)s::text, u.payload::jsonb,
            CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
            %(priority)s::int, %(tags)s::text[], %(max_attempts)s::int,
            greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
-           now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s::uuid
+           now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s::uuid,
+           %(idempotent)s::boolean
     FROM unnest(%(ids)b::uuid[], %(payloads)b::text[]) AS u(id, payload)
     RETURNING status
 )
 SELECT count(*) AS inserted,
-       (CASE WHEN bool_or(status = 'pending') THEN pg_notify('taskq_jobs', %(queue)s::text) END) IS NULL AS _n
+       (CASE WHEN %(notify)s::bool AND bool_or(status = 'pending') THEN pg_notify('taskq_jobs', %(queue)s::text) END)
+           IS NULL AS _n
 FROM ins;
 
 -- name: job_insert_unique
 -- job_insert for a job with a unique key: writes nothing (returns no row) when another job holds the
 -- key in jobs_unique_key_idx. The conflict target names that index by its column and predicate.
 INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
-                        scheduled_at, schedule_to_close, parent_id, unique_key, unique_scope)
+                        scheduled_at, schedule_to_close, parent_id, idempotent, unique_key, unique_scope)
 VALUES (%(id)s, %(actor)s, %(queue)s, %(payload)s::jsonb,
         CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
         %(priority)s, %(tags)s::text[], %(max_attempts)s,
         greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
-        now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s,
+        now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s, %(idempotent)s,
         %(unique_key)s, %(unique_scope)s)
 ON CONFLICT (unique_key)
     WHERE unique_key IS NOT NULL AND (unique_scope = 'retained' OR status IN ('pending', 'scheduled', 'running'))
     DO NOTHING
 RETURNING status, scheduled_at, schedule_to_close, created_at,
-          (CASE WHEN status = 'pending' THEN pg_notify('taskq_jobs', queue) END) IS NULL AS _n;
+          (CASE WHEN %(notify)s::bool AND status = 'pending' THEN pg_notify('taskq_jobs', queue) END) IS NULL AS _n;
 
 -- name: job_unique_holder
 -- The job a new row with this key conflicts with (at most one, by jobs_unique_key_idx).
@@ -82,13 +84,13 @@ WHERE unique_key = %(unique_key)s
 -- only when it skipped some (decoding a hundred ids costs the client more than the insert saved).
 WITH ins AS (
     INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
-                            scheduled_at, schedule_to_close, parent_id, unique_key, unique_scope)
+                            scheduled_at, schedule_to_close, parent_id, idempotent, unique_key, unique_scope)
     SELECT u.id, %(actor)s::text, %(queue)s::text, u.payload::jsonb,
            CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
            %(priority)s::int, %(tags)s::text[], %(max_attempts)s::int,
            greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
            now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s::uuid,
-           u.key, CASE WHEN u.key IS NOT NULL THEN %(unique_scope)s::text END
+           %(idempotent)s::boolean, u.key, CASE WHEN u.key IS NOT NULL THEN %(unique_scope)s::text END
     FROM unnest(%(ids)b::uuid[], %(payloads)b::text[], %(unique_keys)b::text[]) AS u(id, payload, key)
     ON CONFLICT (unique_key)
         WHERE unique_key IS NOT NULL AND (unique_scope = 'retained' OR status IN ('pending', 'scheduled', 'running'))
@@ -97,7 +99,8 @@ WITH ins AS (
 )
 SELECT count(*) AS written,
        CASE WHEN count(*) < cardinality(%(ids)b::uuid[]) THEN array_agg(id) END AS written_ids,
-       (CASE WHEN bool_or(status = 'pending') THEN pg_notify('taskq_jobs', %(queue)s::text) END) IS NULL AS _n
+       (CASE WHEN %(notify)s::bool AND bool_or(status = 'pending') THEN pg_notify('taskq_jobs', %(queue)s::text) END)
+           IS NULL AS _n
 FROM ins;
 
 -- name: job_unique_holders
@@ -105,6 +108,10 @@ FROM ins;
 SELECT unique_key, id FROM taskq.jobs
 WHERE unique_key = ANY(%(unique_keys)s::text[])
   AND (unique_scope = 'retained' OR status IN ('pending', 'scheduled', 'running'));
+
+-- name: jobs_notify
+-- The NOTIFY an insert left out (see backend_notify): sent after that insert committed.
+SELECT pg_notify('taskq_jobs', %(queue)s::text);
 
 -- name: job_get
 SELECT * FROM taskq.jobs WHERE id = %(id)s;

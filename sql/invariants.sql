@@ -68,13 +68,13 @@ GROUP BY j.id, j.interrupt_count
 HAVING count(e.id) <> j.interrupt_count;
 
 -- name: inv_timeline_chained
--- A job that left the queue has a timeline; each state change (a requeue is one) starts where the
--- previous one ended, and the last one ends at the row's status.
+-- A job that left the queue has a timeline; each state change (a requeue or a snooze is one) starts where
+-- the previous one ended, and the last one ends at the row's status.
 WITH changes AS (
     SELECT e.job_id, e.id, e.at, e.from_status, e.to_status,
            lag(e.to_status) OVER w AS prev_to, lag(e.at) OVER w AS prev_at
     FROM taskq.job_events AS e
-    WHERE e.kind IN ('state_change', 'requeued')
+    WHERE e.kind IN ('state_change', 'requeued', 'snoozed')
     WINDOW w AS (PARTITION BY e.job_id ORDER BY e.id)
 ), broken AS (
     SELECT job_id, format('event %%s goes %%s -> %%s after -> %%s', id, from_status, to_status, prev_to) AS detail
@@ -136,6 +136,35 @@ FROM (SELECT id, unique_key, count(*) OVER (PARTITION BY unique_key) AS holders
       WHERE unique_key IS NOT NULL
         AND (unique_scope = 'retained' OR status IN ('pending', 'scheduled', 'running'))) AS held
 WHERE holders > 1;
+
+-- name: inv_snoozes_counted
+-- Every snooze is on record three ways that agree: the row's snooze_count, one `snoozed` event and one
+-- `snoozed` attempts row.
+WITH ev AS (
+    SELECT job_id, count(*) AS n FROM taskq.job_events WHERE kind = 'snoozed' GROUP BY job_id
+), att AS (
+    SELECT job_id, count(*) AS n FROM taskq.job_attempts WHERE outcome = 'snoozed' GROUP BY job_id
+)
+SELECT j.id AS job_id,
+       format('snooze_count %%s, %%s snoozed events, %%s snoozed attempts rows', j.snooze_count,
+              coalesce(ev.n, 0), coalesce(att.n, 0)) AS detail
+FROM taskq.jobs AS j LEFT JOIN ev ON ev.job_id = j.id LEFT JOIN att ON att.job_id = j.id
+WHERE j.snooze_count <> coalesce(ev.n, 0) OR j.snooze_count <> coalesce(att.n, 0);
+
+-- name: inv_claims_monotonic
+-- attempt and claim_epoch rise with every claim, through retries, releases, snoozes and requeues: each
+-- claim event (into running from another status) carries a higher attempt and claim epoch than the last.
+WITH claims AS (
+    SELECT e.job_id, e.id, e.attempt, (e.detail ->> 'claim_epoch')::bigint AS epoch,
+           lag(e.attempt) OVER w AS prev_attempt, lag((e.detail ->> 'claim_epoch')::bigint) OVER w AS prev_epoch
+    FROM taskq.job_events AS e
+    WHERE e.kind = 'state_change' AND e.to_status = 'running' AND e.from_status <> 'running'
+    WINDOW w AS (PARTITION BY e.job_id ORDER BY e.id)
+)
+SELECT job_id, format('claim event %%s: attempt %%s epoch %%s after attempt %%s epoch %%s', id, attempt, epoch,
+                      prev_attempt, prev_epoch) AS detail
+FROM claims
+WHERE attempt <= prev_attempt OR epoch <= prev_epoch;
 
 -- name: inv_summary_status
 SELECT status, count(*) AS n FROM taskq.jobs GROUP BY status ORDER BY status;

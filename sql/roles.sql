@@ -19,22 +19,31 @@ BEGIN;
 -- start from nothing, so that a re-run after an upgrade leaves exactly the grants below
 REVOKE ALL ON ALL TABLES IN SCHEMA taskq FROM :"worker_role", :"client_role";
 REVOKE ALL ON SCHEMA taskq FROM :"worker_role", :"client_role";
+REVOKE ALL ON FUNCTION taskq.delete_terminal_jobs(uuid[]), taskq.delete_finished_attempts(uuid[], bigint[])
+    FROM :"worker_role", :"client_role";
 
 GRANT USAGE ON SCHEMA taskq TO :"worker_role", :"client_role";
 
--- WORKER (`taskq worker`, `taskq run`: claim, heartbeat, finish, release, sweep, reclaim, child jobs).
--- DML only, and on jobs only the columns the runtime writes: a worker can never rewrite a job's
--- payload, actor, queue or options, nor forge or clear an operator's cancel request.
+-- WORKER (`taskq worker`, `taskq run`: claim, heartbeat, finish, release, sweep, reclaim, child jobs,
+-- pruning; also the role to run `taskq prune` with). DML only, and on jobs only the columns the runtime
+-- writes: a worker can never rewrite a job's payload, actor, queue or options, nor forge or clear an
+-- operator's cancel request. It deletes nothing directly: retention goes through two owner functions
+-- that delete only terminal jobs (with their events) and finished attempts rows.
 GRANT SELECT ON taskq.jobs TO :"worker_role";
 GRANT INSERT (id, actor, queue, payload, status, priority, tags, max_attempts, scheduled_at,
-              schedule_to_close, parent_id, unique_key, unique_scope,
+              schedule_to_close, parent_id, unique_key, unique_scope, idempotent,
               schedule, scheduled_for)
     ON taskq.jobs TO :"worker_role";
+-- max_attempts and snooze_count: a snooze gives its attempt back; idempotent: set before the first run of
+-- a non-idempotent actor enqueued by name
 GRANT UPDATE (status, attempt, claim_epoch, worker_id, lock_expires_at, started_at, finished_at,
-              scheduled_at, cancel_phase, result, error_class, error_message, interrupt_count, progress)
+              scheduled_at, cancel_phase, result, error_class, error_message, interrupt_count, progress,
+              max_attempts, snooze_count, idempotent)
     ON taskq.jobs TO :"worker_role";
-GRANT INSERT ON taskq.job_events TO :"worker_role";
+GRANT SELECT, INSERT ON taskq.job_events TO :"worker_role";
 GRANT SELECT, INSERT, UPDATE ON taskq.job_attempts TO :"worker_role";
+GRANT EXECUTE ON FUNCTION taskq.delete_terminal_jobs(uuid[]) TO :"worker_role";
+GRANT EXECUTE ON FUNCTION taskq.delete_finished_attempts(uuid[], bigint[]) TO :"worker_role";
 GRANT SELECT, INSERT, UPDATE, DELETE ON taskq.workers TO :"worker_role";
 -- the heartbeat reads and deletes its own lease losses; the trigger that records them runs as the owner
 GRANT SELECT, DELETE ON taskq.lease_losses TO :"worker_role";
@@ -51,7 +60,7 @@ GRANT SELECT, INSERT, UPDATE ON taskq.schedules TO :"worker_role";
 -- attempts or the worker registry, delete anything or change the schema.
 GRANT SELECT ON taskq.jobs TO :"client_role";
 GRANT INSERT (id, actor, queue, payload, status, priority, tags, max_attempts, scheduled_at,
-              schedule_to_close, parent_id, unique_key, unique_scope,
+              schedule_to_close, parent_id, unique_key, unique_scope, idempotent,
               schedule, scheduled_for)
     ON taskq.jobs TO :"client_role";
 GRANT UPDATE (status, cancel_phase, cancel_requested_at, cancel_reason, error_class, finished_at,

@@ -65,7 +65,7 @@ WITH picked AS (
     FROM picked AS p
     WHERE j.id = p.id
     RETURNING j.id, j.actor, j.queue, j.payload, j.attempt, j.max_attempts, j.claim_epoch, j.progress,
-              j.schedule_to_close, j.scheduled_for, j.priority, p.prev
+              j.schedule_to_close, j.priority, p.prev, j.idempotent, j.scheduled_for
 ), att AS (
     INSERT INTO taskq.job_attempts (job_id, attempt, claim_epoch, worker_id)
     SELECT c.id, c.attempt, c.claim_epoch, %(worker_id)s FROM claimed AS c
@@ -75,7 +75,8 @@ WITH picked AS (
            jsonb_build_object('claim_epoch', c.claim_epoch)
     FROM claimed AS c
 )
-SELECT id, actor, queue, payload, attempt, max_attempts, claim_epoch, progress, schedule_to_close, scheduled_for
+SELECT id, actor, queue, payload, attempt, max_attempts, claim_epoch, progress, schedule_to_close, idempotent,
+       scheduled_for
 FROM claimed
 ORDER BY priority, id;
 
@@ -112,7 +113,9 @@ RETURNING j.id, j.claim_epoch, j.cancel_phase;
 
 -- name: job_finish_batch
 -- Every outcome of an attempt, batched: succeeded / failed / cancelled / abandoned / crashed, or
--- 'scheduled' for a retry after retry_delay seconds. Rows whose fence fails are left alone; the
+-- 'scheduled' for a retry after retry_delay seconds (outcome 'retried'), or for a snooze (outcome
+-- 'snoozed': the actor raised taskq.Snooze; it gives its attempt back to the budget, max_attempts + 1,
+-- and its event is of kind 'snoozed'). Rows whose fence fails are left alone; the
 -- caller counts them as stale writes. A cancelled verdict needs a real cancel request on the row.
 -- A retry is never written over an operator's cancel request: an attempt that failed after the request
 -- committed but before its worker saw it ends cancelled (the marker of the row's cancel phase), as the
@@ -144,7 +147,11 @@ WITH i AS (
                          ELSE j.worker_id END,
         lock_expires_at = NULL,
         cancel_phase = CASE WHEN i.status = 'scheduled' AND j.cancel_requested_at IS NULL THEN 0
-                            WHEN i.error_class = 'CancelledForced' THEN 2 ELSE j.cancel_phase END
+                            WHEN i.error_class = 'CancelledForced' THEN 2 ELSE j.cancel_phase END,
+        max_attempts = j.max_attempts
+                       + CASE WHEN i.outcome = 'snoozed' AND j.cancel_requested_at IS NULL THEN 1 ELSE 0 END,
+        snooze_count = j.snooze_count
+                       + CASE WHEN i.outcome = 'snoozed' AND j.cancel_requested_at IS NULL THEN 1 ELSE 0 END
     FROM i
     WHERE j.id = i.id AND j.status = 'running' AND j.attempt = i.attempt AND j.claim_epoch = i.epoch
       AND (i.status <> 'cancelled' OR j.cancel_requested_at IS NOT NULL)
@@ -165,7 +172,8 @@ WITH i AS (
     WHERE a.job_id = u.id AND a.claim_epoch = u.claim_epoch
 ), ev AS (
     INSERT INTO taskq.job_events (job_id, kind, from_status, to_status, attempt, worker_id, detail)
-    SELECT u.id, 'state_change', 'running', u.status, u.attempt, u.worker_id,
+    SELECT u.id, CASE WHEN u.outcome = 'snoozed' THEN 'snoozed' ELSE 'state_change' END,
+           'running', u.status, u.attempt, u.worker_id,
            coalesce(u.detail, '{}'::jsonb)
            || jsonb_strip_nulls(jsonb_build_object('error_class', u.error_class, 'claim_epoch', u.claim_epoch))
     FROM upd AS u
@@ -174,16 +182,20 @@ SELECT u.id, u.status FROM upd AS u;
 
 -- name: job_release_batch
 -- Shutdown RELEASING: give interrupted rows back to the fleet (pending, or scheduled behind a hold),
--- attempt not refunded, interrupt_count + 1, progress kept. Two rows are not released: one that
+-- attempt not refunded, interrupt_count + 1, progress kept. An attempt flagged `unsafe` (a non-idempotent
+-- actor the shutdown had to force: its effect is unknown) ends crashed (WorkerShutdown) instead, for an
+-- operator to requeue. Two more rows are not released: one that
 -- carries an operator's cancel request ends cancelled (CancelledForced: the operator's own verdict,
 -- the same fenced write the unwinding consumer races), and one past its schedule_to_close ends failed
 -- (DeadlineExceeded). Rows whose fence fails are left alone.
 WITH i AS (
-    SELECT * FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(epochs)s::bigint[]) AS t(id, attempt, epoch)
+    SELECT * FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(epochs)s::bigint[], %(unsafe)s::bool[])
+        AS t(id, attempt, epoch, unsafe)
 ), verdict AS (
     SELECT j.id, j.attempt, j.claim_epoch,
            CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
                 WHEN j.schedule_to_close IS NOT NULL AND j.schedule_to_close <= now() THEN 'failed'
+                WHEN i.unsafe THEN 'crashed'
                 WHEN j.scheduled_at > now() THEN 'scheduled'
                 ELSE 'pending' END AS status
     FROM taskq.jobs AS j JOIN i ON i.id = j.id
@@ -198,10 +210,14 @@ WITH i AS (
                             WHEN v.status = 'failed' THEN j.cancel_phase ELSE 0 END,
         finished_at = CASE WHEN v.status IN ('pending', 'scheduled') THEN NULL ELSE now() END,
         error_class = CASE v.status WHEN 'cancelled' THEN 'CancelledForced'
-                                    WHEN 'failed' THEN 'DeadlineExceeded' ELSE j.error_class END,
+                                    WHEN 'failed' THEN 'DeadlineExceeded'
+                                    WHEN 'crashed' THEN 'WorkerShutdown' ELSE j.error_class END,
         error_message = CASE v.status
                             WHEN 'cancelled' THEN 'cancelled by an operator while the worker was shutting down'
                             WHEN 'failed' THEN 'schedule_to_close passed while the worker was shutting down'
+                            WHEN 'crashed' THEN 'the worker shut down and had to force this attempt of a '
+                                                'non-idempotent actor: its effect is unknown, so it is not re-run '
+                                                '(requeue it once checked)'
                             ELSE j.error_message END
     FROM verdict AS v
     WHERE j.id = v.id AND j.status = 'running' AND j.claim_epoch = v.claim_epoch
@@ -209,7 +225,7 @@ WITH i AS (
 ), att AS (
     UPDATE taskq.job_attempts AS a SET finished_at = now(),
         outcome = CASE u.status WHEN 'cancelled' THEN 'cancelled' WHEN 'failed' THEN 'failed'
-                                ELSE 'interrupted' END,
+                                WHEN 'crashed' THEN 'crashed' ELSE 'interrupted' END,
         error_class = CASE u.status WHEN 'cancelled' THEN 'CancelledForced' WHEN 'failed' THEN 'DeadlineExceeded'
                                     ELSE 'WorkerShutdown' END,
         error_message = 'worker shutdown'
@@ -222,10 +238,20 @@ WITH i AS (
                               'claim_epoch', u.claim_epoch)
            || CASE WHEN u.status = 'cancelled'
                    THEN jsonb_build_object('error_class', 'CancelledForced', 'cancel_phase', 2)
+                   WHEN u.status = 'crashed'
+                   THEN jsonb_build_object('error_class', 'WorkerShutdown', 'idempotent', false)
                    ELSE '{}'::jsonb END
     FROM upd AS u
 )
 SELECT u.id, u.status FROM upd AS u;
+
+-- name: job_mark_not_idempotent
+-- Before the first run of an `@actor(idempotent=False)` whose row does not say so (it was enqueued by
+-- name): record it, fenced, so that any reclaimer (which may not know the actor) ends it crashed rather
+-- than retry it. No row: the attempt no longer holds the job and must not run.
+UPDATE taskq.jobs SET idempotent = false
+WHERE id = %(id)s AND status = 'running' AND attempt = %(attempt)s AND claim_epoch = %(epoch)s
+RETURNING id;
 
 -- name: job_progress
 UPDATE taskq.jobs SET progress = %(progress)s::jsonb
@@ -254,7 +280,8 @@ SELECT id FROM upd;
 -- die, so its rows need not wait) or a worker's taking over the rows of an earlier process that used
 -- its id. A sweeper reclaims its own worker's rows only when that worker does not track them (below):
 -- it is alive, and its heartbeat and self-fence look after the rest. One set of verdicts for all: a cancel was in flight -> cancelled with NULL marker;
--- deadline passed -> failed; budget left -> scheduled after a backoff; otherwise crashed. The attempt
+-- deadline passed -> failed; budget left -> scheduled after a backoff, unless the job is not idempotent
+-- (jobs.idempotent false: its attempt's effect is unknown, so it is not re-run blindly); otherwise crashed. The attempt
 -- is never refunded; the attempts row says WorkerCrashed. The jobs_lease_taken trigger tells a worker
 -- that is still alive after all (frozen, not dead) which of its rows went.
 -- SKIP LOCKED: a row some live transaction holds is left for the next sweep.
@@ -278,10 +305,14 @@ WITH expired AS (
            greatest(j.lock_expires_at, w.lease_expires_at) AS lock_expires_at,
            CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
                 WHEN j.schedule_to_close IS NOT NULL AND j.schedule_to_close <= now() THEN 'failed'
-                WHEN j.attempt < j.max_attempts THEN 'scheduled'
+                WHEN j.attempt < j.max_attempts AND j.idempotent THEN 'scheduled'
                 ELSE 'crashed' END AS status,
            coalesce(%(detail)s::text, format('stopped renewing its lease (lease expired at %%s)',
-                                             greatest(j.lock_expires_at, w.lease_expires_at))) AS why
+                                             greatest(j.lock_expires_at, w.lease_expires_at)))
+           || CASE WHEN NOT j.idempotent AND j.attempt < j.max_attempts
+                   THEN '; not retried: the actor is not idempotent (requeue it once its effect is checked)'
+                   ELSE '' END AS why,
+           j.idempotent
     FROM taskq.jobs AS j JOIN expired AS e ON e.id = j.id
     LEFT JOIN taskq.workers AS w ON w.id = j.worker_id
 ), upd AS (
@@ -303,7 +334,7 @@ WITH expired AS (
                                       ELSE format('worker %%s %%s', v.worker_id, v.why) END
     FROM verdict AS v
     WHERE j.id = v.id AND j.status = 'running' AND j.attempt = v.attempt AND j.claim_epoch = v.claim_epoch
-    RETURNING j.id, v.attempt, v.claim_epoch, v.worker_id, v.status, v.lock_expires_at, v.why
+    RETURNING j.id, v.attempt, v.claim_epoch, v.worker_id, v.status, v.lock_expires_at, v.why, v.idempotent
 ), att AS (
     UPDATE taskq.job_attempts AS a SET finished_at = now(), outcome = 'crashed', error_class = 'WorkerCrashed',
         error_message = format('%%s: worker %%s %%s', %(cause)s::text, u.worker_id, u.why)
@@ -314,7 +345,8 @@ WITH expired AS (
     SELECT u.id, 'state_change', 'running', u.status, u.attempt, u.worker_id,
            jsonb_strip_nulls(jsonb_build_object(
                'cause', %(cause)s::text, 'lock_expired_at', u.lock_expires_at, 'swept_by', %(sweeper_id)s::text,
-               'worker_exit', %(detail)s::text, 'claim_epoch', u.claim_epoch))
+               'worker_exit', %(detail)s::text, 'claim_epoch', u.claim_epoch,
+               'idempotent', CASE WHEN NOT u.idempotent THEN false END))
     FROM upd AS u
 )
 SELECT u.id, u.status FROM upd AS u;
@@ -341,6 +373,83 @@ SELECT id FROM upd;
 
 -- name: listen
 LISTEN taskq_jobs; LISTEN taskq_cancel;
+
+-- name: prune_succeeded
+-- Retention, one bounded batch of the succeeded class (succeeded and cancelled): the oldest finished rows
+-- past the keep window, read in finished_at order from jobs_retention_succeeded_idx and deleted with their
+-- events by taskq.delete_terminal_jobs (which deletes nothing that is not terminal). SKIP LOCKED: a row
+-- some transaction holds (a requeue, a cancel) is left for the next round, and the lock keeps the row
+-- terminal until the delete. The gate, a transaction-level advisory lock tried once per batch (so it
+-- works behind transaction poolers) and held through the pause after it (prune_pause), lets one pruner
+-- at a time work across the fleet: one that finds the gate taken ends its round (an empty batch) and
+-- comes back at its next interval.
+WITH gate AS (
+    SELECT pg_try_advisory_xact_lock(7461732, 1) AS open
+), doomed AS (
+    SELECT id FROM taskq.jobs, gate
+    WHERE gate.open
+      AND status IN ('succeeded', 'cancelled') AND finished_at < now() - %(keep)s::float8 * interval '1 second'
+    ORDER BY finished_at
+    LIMIT %(limit)s
+    FOR UPDATE OF jobs SKIP LOCKED
+)
+SELECT d.jobs, d.events FROM taskq.delete_terminal_jobs(ARRAY(SELECT id FROM doomed)) AS d;
+
+-- name: prune_failed
+-- As prune_succeeded, for the failed class (failed, crashed, abandoned), from jobs_retention_failed_idx.
+WITH gate AS (
+    SELECT pg_try_advisory_xact_lock(7461732, 1) AS open
+), doomed AS (
+    SELECT id FROM taskq.jobs, gate
+    WHERE gate.open AND status IN ('failed', 'crashed', 'abandoned')
+      AND finished_at < now() - %(keep)s::float8 * interval '1 second'
+    ORDER BY finished_at
+    LIMIT %(limit)s
+    FOR UPDATE OF jobs SKIP LOCKED
+)
+SELECT d.jobs, d.events FROM taskq.delete_terminal_jobs(ARRAY(SELECT id FROM doomed)) AS d;
+
+-- name: prune_attempts
+-- One bounded batch of finished attempts rows past their own keep window (job_attempts_retention_idx).
+-- They outlive their jobs; an open attempt (finished_at NULL) is never pruned. Same gate.
+WITH gate AS (
+    SELECT pg_try_advisory_xact_lock(7461732, 1) AS open
+), doomed AS (
+    SELECT job_id, claim_epoch FROM taskq.job_attempts, gate
+    WHERE gate.open AND finished_at IS NOT NULL AND finished_at < now() - %(keep)s::float8 * interval '1 second'
+    ORDER BY finished_at
+    LIMIT %(limit)s
+    FOR UPDATE OF job_attempts SKIP LOCKED
+)
+SELECT d.attempts, 0::bigint AS events
+FROM taskq.delete_finished_attempts(ARRAY(SELECT job_id FROM doomed), ARRAY(SELECT claim_epoch FROM doomed)) AS d;
+
+-- name: prune_pause
+-- The pause after a prune batch, taken holding the batch gate: while one pruner pauses, a batch of any
+-- other pruner finds the gate taken and ends its round, so the fleet as a whole prunes at one pruner's
+-- pace however many workers run one. A pruner that finds the gate taken here returns at once (its next
+-- batch will find it taken too). A transaction of its own that holds no row lock.
+SELECT pg_sleep(%(seconds)s::float8) FROM (SELECT pg_try_advisory_xact_lock(7461732, 1) AS got) AS g WHERE g.got;
+
+-- name: prune_count
+-- `taskq prune --dry-run`: what a prune would delete now, per class, without deleting (a window of 0
+-- disables its class). The same index-backed predicates as the batches.
+WITH succ AS (
+    SELECT id FROM taskq.jobs
+    WHERE %(keep_succeeded)s::float8 > 0 AND status IN ('succeeded', 'cancelled')
+      AND finished_at < now() - %(keep_succeeded)s::float8 * interval '1 second'
+), fail AS (
+    SELECT id FROM taskq.jobs
+    WHERE %(keep_failed)s::float8 > 0 AND status IN ('failed', 'crashed', 'abandoned')
+      AND finished_at < now() - %(keep_failed)s::float8 * interval '1 second'
+)
+SELECT (SELECT count(*) FROM succ) AS succeeded,
+       (SELECT count(*) FROM fail) AS failed,
+       (SELECT count(*) FROM taskq.job_attempts
+        WHERE %(keep_attempts)s::float8 > 0 AND finished_at IS NOT NULL
+          AND finished_at < now() - %(keep_attempts)s::float8 * interval '1 second') AS attempts,
+       (SELECT count(*) FROM taskq.job_events AS e
+        WHERE e.job_id IN (SELECT id FROM succ UNION ALL SELECT id FROM fail)) AS events;
 
 -- ---- schedules (taskq.worker.schedule_store) ------------------------------------------------------
 

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from psycopg import sql as pgsql
 from psycopg.conninfo import make_conninfo
-from testkit import PASSWORD_ROLE_PREFIX
+from testkit import PASSWORD_ROLE_PREFIX, PgBouncer
 
 from taskq.client import JobsClient
 from taskq.migrations import migrate_dsn
@@ -117,3 +117,19 @@ async def client(dsn: str) -> AsyncIterator[JobsClient]:
         yield c
     finally:
         await c.close()
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(admin_dsn: str) -> Iterator[PgBouncer]:
+    """A real PgBouncer (transaction mode) in front of the test server, for the whole session. Its folder
+    is not under pytest's own (private to the user), because PgBouncer may run as another user."""
+    bouncer = PgBouncer(admin_dsn, Path(tempfile.mkdtemp(prefix="taskq-test-pgbouncer-")))
+    bouncer.start()
+    yield bouncer
+    bouncer.stop()
+
+
+@pytest.fixture
+def pooled_dsn(dsn: str, pgbouncer: PgBouncer) -> str:
+    """This test's database, reached through PgBouncer in transaction mode."""
+    return pgbouncer.dsn_for(dsn)

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import pwd
+import shutil
+import socket
+import subprocess
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from taskq.settings import WorkerSettings
 from taskq.worker.main import Worker, worker_main_async
@@ -80,3 +88,95 @@ def wait_until(predicate: Any, timeout: float = 15.0, interval: float = 0.05) ->
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         time.sleep(interval)
+
+
+class PgBouncer:
+    """A real PgBouncer in transaction mode in front of the test server, started for the test session.
+
+    Every database of the server is reachable through it under its own name (a `*` entry). As root it
+    drops to another account (PgBouncer refuses to run as root): the owner of the server's socket
+    directory, which is private to it on the embedded server."""
+
+    def __init__(self, upstream_dsn: str, workdir: Path) -> None:
+        self.upstream = conninfo_to_dict(upstream_dsn)
+        self.workdir = workdir
+        self.port = _free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "pgbouncer.log"
+
+    def start(self, timeout: float = 15.0) -> None:
+        binary = shutil.which("pgbouncer") or next(
+            (p for p in ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer") if os.access(p, os.X_OK)), None
+        )
+        if binary is None:
+            message = "pgbouncer is not installed (Debian: apt-get install pgbouncer; .ci/run installs it)"
+            if os.environ.get("TASKQ_REQUIRE_PGBOUNCER"):
+                raise RuntimeError(message)
+            pytest.skip(message)
+        host = str(self.upstream.get("host") or "localhost")
+        port = str(self.upstream.get("port") or "5432")
+        user = str(self.upstream.get("user") or "postgres")
+        (self.workdir / "users.txt").write_text(f'"{user}" ""\n')
+        (self.workdir / "pgbouncer.ini").write_text(
+            "[databases]\n"
+            f"* = host={host} port={port}\n"
+            "[pgbouncer]\n"
+            "listen_addr = 127.0.0.1\n"
+            f"listen_port = {self.port}\n"
+            "unix_socket_dir =\n"
+            "auth_type = trust\n"
+            f"auth_file = {self.workdir / 'users.txt'}\n"
+            "pool_mode = transaction\n"
+            "default_pool_size = 40\n"
+            "max_client_conn = 2000\n"
+            f"logfile = {self.log_path}\n"
+            "ignore_startup_parameters = extra_float_digits\n"
+        )
+        args = [binary]
+        if os.geteuid() == 0:
+            os.chmod(self.workdir, 0o777)
+            for name in ("users.txt", "pgbouncer.ini"):
+                os.chmod(self.workdir / name, 0o644)
+            # the account that owns the server's socket directory can reach the socket; anyone can reach TCP
+            owner = pwd.getpwuid(os.stat(host).st_uid).pw_name if host.startswith("/") else "nobody"
+            args += ["-u", owner]
+        args.append(str(self.workdir / "pgbouncer.ini"))
+        with open(self.workdir / "pgbouncer.out", "wb") as out:
+            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                log = (self.workdir / "pgbouncer.out").read_text(errors="replace")
+                log += self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+                raise RuntimeError(f"pgbouncer exited with {self.proc.returncode}: {log}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"pgbouncer did not listen on port {self.port} within {timeout}s") from None
+                time.sleep(0.05)
+
+    def dsn_for(self, dsn: str) -> str:
+        """The same database and user as `dsn`, through this PgBouncer."""
+        params = conninfo_to_dict(dsn)
+        return make_conninfo(host="127.0.0.1", port=str(self.port), dbname=params.get("dbname") or "postgres",
+                             user=params.get("user") or "postgres")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

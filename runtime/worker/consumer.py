@@ -13,8 +13,8 @@ from taskq.actors.declaration import Actor
 from taskq.actors.executors import Executor
 from taskq.client import JobHandle, encode_payload, prepare_insert
 from taskq.context import JobContext
-from taskq.exceptions import PayloadInvalid, ResultInvalid
-from taskq.metrics import JOB_DURATION, JOBS_COMPLETED
+from taskq.exceptions import PayloadInvalid, ResultInvalid, Snooze
+from taskq.metrics import JOB_DURATION, JOBS_COMPLETED, JOBS_SNOOZED
 from taskq.models import CancelMarker, CancelOrigin, CancelPhase, JobRow, JobStatus
 from taskq.worker.registry import ActiveJob
 from taskq.worker.store import RETRY, ClaimedJob, Finish
@@ -68,7 +68,7 @@ class Consumers:
         self.w = worker
         self.tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._completed = {s: JOBS_COMPLETED.labels(status=s) for s in (*TERMINAL_NAMES, "retried")}
+        self._completed = {s: JOBS_COMPLETED.labels(status=s) for s in (*TERMINAL_NAMES, "retried", "snoozed")}
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -132,6 +132,14 @@ class Consumers:
                 error_message="schedule_to_close passed before this attempt could start",
             ))
             return
+        if not actor.idempotent and job.idempotent:
+            # enqueued by name: say so on the row before the actor can have any effect, so that a reclaimer
+            # that does not know the actor never re-runs it after a crash (idempotent actors pay nothing)
+            if not await self.w.store.mark_not_idempotent(job):
+                log.warning("job %s attempt %d: no longer holds the row; not started", job.id, job.attempt)
+                entry.finishing = True
+                return
+            job.idempotent = False
         loop = self.loop
         last = job.progress.get("data") if isinstance(job.progress, dict) else None
         entry.ctx = JobContext(
@@ -149,6 +157,9 @@ class Consumers:
             JOB_DURATION.observe(loop.time() - started)
             await self._on_cancelled(entry, actor)
             raise
+        except Snooze as snooze:
+            JOB_DURATION.observe(loop.time() - started)
+            await self._on_snooze(entry, actor, snooze)
         except Exception as exc:
             JOB_DURATION.observe(loop.time() - started)
             await self._on_failure(entry, actor, exc)
@@ -198,6 +209,25 @@ class Consumers:
         ))
         if written and actor.on_success is not None:
             await self.w.hooks.run(actor.on_success, entry, actor.hook_timeout, "on_success")
+
+    async def _on_snooze(self, entry: ActiveJob, actor: Actor[Any, Any], snooze: Snooze) -> None:
+        """The actor asked to run again later: back to scheduled, its attempt given back to the budget. A
+        chosen outcome like a success, so a stopping worker writes it too; an operator's cancel wins (the
+        actor stopped for it, or the database turns the snooze into a cancel if the request is newer)."""
+        job = entry.job
+        if entry.cancel_origin is CancelOrigin.OPERATOR:
+            await self._write_cancelled(entry, actor, detail={"raised": "Snooze"})
+            return
+        if entry.cancel_origin is CancelOrigin.LEASE_LOST:
+            return
+        written = await self._write(entry, Finish(
+            job_id=job.id, attempt=job.attempt, claim_epoch=job.claim_epoch, status=RETRY, outcome="snoozed",
+            retry_delay=snooze.delay, detail={"delay": snooze.delay},
+        ))
+        if written == RETRY:
+            JOBS_SNOOZED.inc()
+        elif written == "cancelled" and actor.on_cancel is not None:
+            await self.w.hooks.run(actor.on_cancel, entry, actor.on_cancel_timeout, "on_cancel")
 
     async def _on_failure(self, entry: ActiveJob, actor: Actor[Any, Any], exc: Exception) -> None:
         job = entry.job
@@ -279,7 +309,8 @@ class Consumers:
                       "will decide", entry.id, finish.status, exc)
             return None
         if written is not None:
-            self._completed[written if written != RETRY else "retried"].inc()
+            self._completed[written if written != RETRY else "snoozed" if finish.outcome == "snoozed"
+                            else "retried"].inc()
         return written
 
     # -- ContextRuntime --------------------------------------------------------------------------

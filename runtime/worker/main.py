@@ -26,6 +26,7 @@ from taskq.worker.completer import Completer
 from taskq.worker.consumer import Consumers, Hooks
 from taskq.worker.dispatcher import Dispatcher, Listener
 from taskq.worker.heartbeat import Heartbeat
+from taskq.worker.pruner import Pruner
 from taskq.worker.registry import ActiveJob, ActiveJobRegistry
 from taskq.worker.schedule_store import ScheduleStore
 from taskq.worker.scheduler import Scheduler
@@ -111,7 +112,7 @@ class Worker:
             cleanup_grace_period=settings.cleanup_grace_period, on_leak_change=self.on_abandoned
         )
         self._process_executor: Executor | None = None
-        self.summary: dict[str, list[str]] = {"released": [], "cancelled": [], "held": []}
+        self.summary: dict[str, list[str]] = {"released": [], "cancelled": [], "crashed": [], "held": []}
         self.shutdown_event = asyncio.Event()
         self.skip_grace = asyncio.Event()
         """Set by a second SIGINT: skip what is left of the grace windows."""
@@ -201,7 +202,9 @@ class Worker:
         budget = self.step_budget() if self.db_in_doubt() else POOL_RECONNECT_TIMEOUT
         try:
             outcome = await asyncio.wait_for(
-                self.store.release_batch([(e.id, e.attempt, e.claim_epoch) for e in todo]), budget
+                self.store.release_batch([(e.id, e.attempt, e.claim_epoch) for e in todo],
+                                         [e.effect_unknown for e in todo]),
+                budget,
             )
         except BaseException as exc:  # a cancelled release (the exit path) gave nothing back either
             # nothing more to try before the exit: the rows stay held until their lease runs out, then any
@@ -222,6 +225,10 @@ class Worker:
             if status is None:
                 STALE_WRITES.inc()
                 log.warning("job %s attempt %d: release fenced out (a newer attempt owns the row)", e.id, e.attempt)
+            elif status == "crashed":
+                self.summary["crashed"].append(str(e.id))
+                log.warning("job %s attempt %d: a non-idempotent actor had to be forced at shutdown; ended crashed "
+                            "(WorkerShutdown) for review instead of being re-run", e.id, e.attempt)
             elif status == "cancelled":
                 self.summary["cancelled"].append(str(e.id))
                 if e.actor is not None and e.actor.on_cancel is not None:
@@ -245,9 +252,10 @@ class Worker:
         # the worker's connections name it, so that the lease-loss trigger tells its own writes apart
         self.backend = await Backend.open(dsn, min_size=2, max_size=max(4, min(20, s.concurrency // 50 + 4)),
                                           reconnect_timeout=POOL_RECONNECT_TIMEOUT,
-                                          session_settings={"taskq.worker_id": self.worker_id})
+                                          worker_id=self.worker_id, transaction_pooler=s.transaction_pooler)
         self.store = WorkerStore(self.backend, self.worker_id)
         self.completer = Completer(self.store, give_up_after=s.lock_timeout)
+        self.pruner = Pruner(self.store, s)
         listen_dsn = s.listen_dsn_value()
         self.listener.dsn = resolve_dsn(listen_dsn) if listen_dsn else dsn
         await self.store.register(s.queues, s.concurrency, s.lock_timeout)
@@ -263,11 +271,16 @@ class Worker:
         services = {
             "completer": loop.create_task(self.completer.run(), name="taskq-completer"),
             "heartbeat": loop.create_task(self.heartbeat.run(), name="taskq-heartbeat"),
-            "listener": loop.create_task(self.listener.run(), name="taskq-listener"),
             "sweeper": loop.create_task(self.sweeper.run(), name="taskq-sweeper"),
             "scheduler": loop.create_task(self.scheduler.run(), name="taskq-scheduler"),
+            "pruner": loop.create_task(self.pruner.run(), name="taskq-pruner"),
             "dispatcher": loop.create_task(self.dispatcher.run(), name="taskq-dispatcher"),
         }
+        if s.listens():
+            services["listener"] = loop.create_task(self.listener.run(), name="taskq-listener")
+        else:
+            log.info("no LISTEN connection (transaction_pooler without listen_dsn): polling every %.2fs, "
+                     "cancel requests arrive with the heartbeat", s.poll_interval)
         from taskq.worker.liveness import LivenessReporter
 
         self.liveness = LivenessReporter.from_env(self)
@@ -315,8 +328,9 @@ class Worker:
         running until the end, so every lease stays valid while the phases play out."""
         self.watchdog.arm()
         s = self.settings
-        # DRAINING: stop claiming at once
+        # DRAINING: stop claiming at once (and pruning, after its current batch)
         self.draining = True
+        self.pruner.stopping.set()
         self.shutdown_active = True
         self.dispatcher.wake.set()
         log.info("worker %s shutting down with %d jobs in flight", self.worker_id, len(self.registry))
@@ -356,8 +370,8 @@ class Worker:
             self.exit_code = exitcodes.LEASES_LOST
         for outcome, ids in self.summary.items():
             SHUTDOWN_JOBS.labels(outcome=outcome).inc(len(ids))
-        log.info("worker %s stopped: released=%s cancelled=%s still_held=%s", self.worker_id,
-                 self.summary["released"], self.summary["cancelled"], self.summary["held"])
+        log.info("worker %s stopped: released=%s cancelled=%s crashed=%s still_held=%s", self.worker_id,
+                 self.summary["released"], self.summary["cancelled"], self.summary["crashed"], self.summary["held"])
 
     @staticmethod
     def _still_executing(entry: ActiveJob) -> bool:

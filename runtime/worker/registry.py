@@ -32,6 +32,9 @@ class ActiveJob:
     cancel_observed_at: float | None = None
     stop_cause: str | None = None
     """Why the worker stopped the attempt when the cause is not a cancel: 'timeout' or 'deadline'."""
+    forced: bool = False
+    """The worker forced the attempt (phase 2, a timeout, a shutdown, a lost lease): its actor did not
+    stop by itself."""
     finishing: bool = False
     """The consumer has started its terminal write; the heartbeat no longer treats a missing row as lost."""
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
@@ -60,10 +63,18 @@ class ActiveJob:
 
     def force(self, why: str) -> None:
         """The force path: through the executor once the actor started, else cancel the consumer task."""
+        self.forced = True
         if self.executor is not None:
             self.executor.force_cancel(self)
         elif self.task is not None:
             self.task.cancel(msg=f"taskq: {why}")
+
+    @property
+    def effect_unknown(self) -> bool:
+        """A non-idempotent actor started and had to be forced: whatever it did may be half done, so the
+        attempt must not be re-run blindly."""
+        return bool(self.executor is not None and self.forced and self.actor is not None
+                    and not self.actor.idempotent)
 
     def drop_lease(self) -> None:
         """This worker no longer holds the row (or cannot prove it does): stop the actor, write nothing."""

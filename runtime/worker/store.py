@@ -41,6 +41,8 @@ class ClaimedJob:
     claim_epoch: int
     progress: Any
     schedule_to_close: datetime | None
+    idempotent: bool = True
+    """The row's idempotent flag: False once the job is known to belong to an `@actor(idempotent=False)`."""
     scheduled_for: datetime | None = None
 
 
@@ -169,17 +171,27 @@ class WorkerStore:
             cur = await conn.execute(sql.query("job_finish_batch"), params)
             return {job_id: status for job_id, status in await cur.fetchall()}
 
-    async def release_batch(self, held: Sequence[tuple[UUID, int, int]]) -> dict[UUID, str]:
-        """Give rows back to the fleet (shutdown). Returns id -> new status for rows whose fence held."""
+    async def release_batch(self, held: Sequence[tuple[UUID, int, int]],
+                            unsafe: Sequence[bool] | None = None) -> dict[UUID, str]:
+        """Give rows back to the fleet (shutdown). `unsafe[i]`: the attempt of a non-idempotent actor had to
+        be forced, so it ends crashed instead. Returns id -> new status for rows whose fence held."""
         if not held:
             return {}
         async with self.pool.connection() as conn:
             cur = await conn.execute(
                 sql.query("job_release_batch"),
                 {"worker_id": self.worker_id, "ids": [h[0] for h in held],
-                 "attempts": [h[1] for h in held], "epochs": [h[2] for h in held]},
+                 "attempts": [h[1] for h in held], "epochs": [h[2] for h in held],
+                 "unsafe": list(unsafe) if unsafe is not None else [False] * len(held)},
             )
             return {row[0]: row[1] for row in await cur.fetchall()}
+
+    async def mark_not_idempotent(self, job: ClaimedJob) -> bool:
+        """Record on the row (fenced) that its actor is not idempotent; False if the attempt lost the row."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(sql.query("job_mark_not_idempotent"),
+                                     {"id": job.id, "attempt": job.attempt, "epoch": job.claim_epoch})
+            return (await cur.fetchone()) is not None
 
     async def save_progress(self, job_id: UUID, attempt: int, epoch: int, progress_json: str) -> bool:
         async with self.pool.connection() as conn:

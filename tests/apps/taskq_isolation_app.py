@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from taskq import JobContext, NonRetryableError, RetryPolicy, actor
+from taskq import JobContext, NonRetryableError, RetryPolicy, Snooze, actor
 
 FAST_RETRY = RetryPolicy(base=0.05, factor=1.0, jitter=0)
 
@@ -158,4 +158,12 @@ async def waits(payload: float, ctx: JobContext[float]) -> int:
     raise asyncio.CancelledError
 
 
-actors = [whoami, cooperative, stubborn, deaf, die_once, checkpoints, unique_kids, fails, sleeps, waits]
+@actor(name="iso.proc.snoozes", isolation="process", max_attempts=1)
+def snoozes(payload: int, ctx: JobContext[int]) -> list[int]:
+    """Snoozes (0.05 s) on its first `payload` attempts, then returns [attempt, claim_epoch, pid]."""
+    if ctx.attempt <= payload:
+        raise Snooze(0.05)
+    return [ctx.attempt, ctx.claim_epoch, os.getpid()]
+
+
+actors = [whoami, cooperative, stubborn, deaf, die_once, checkpoints, unique_kids, fails, sleeps, waits, snoozes]

@@ -47,7 +47,13 @@ def busy_thread(payload: float, ctx: JobContext[float]) -> float:
     return payload
 
 
-actors = [sleep, sleep_once, noop, busy_thread]
+@actor(name="test.charge", idempotent=False, max_attempts=3)
+async def charge(payload: Sleep, ctx: JobContext[Sleep]) -> dict[str, float]:
+    """Work that must not run twice (a payment): never retried after a crash, a lost lease or a forced stop."""
+    return await sleep.fn(payload, ctx)  # type: ignore[no-any-return]
+
+
+actors = [sleep, sleep_once, noop, busy_thread, charge]
 
 
 class Gate(BaseModel):

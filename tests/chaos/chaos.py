@@ -79,6 +79,9 @@ class ChaosConfig:
     """Corrupt one succeeded row before the checks (shows that the run can fail)."""
     keep_data: bool = False
     """Leave the dedicated server's data directory in the workdir (stopped), for a post-mortem."""
+    pgbouncer: bool = False
+    """The supervisor, its workers and the enqueuing client connect through a real PgBouncer in
+    transaction mode (transaction_pooler on, no LISTEN); the checks and the faults go to the server."""
 
 
 # -- the workload -----------------------------------------------------------------------------------
@@ -258,6 +261,7 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosReport:
     seed = config.seed if config.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
     pg = None
+    bouncer: Any = None
     if config.dsn is None:
         # not under pytest's tmp_path: every pytest session started meanwhile (another checkout, another
         # terminal) makes /tmp/pytest-of-<user> private again, and the server's system user loses its way
@@ -273,8 +277,19 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosReport:
             assert config.dsn is not None
             dsn = config.dsn
         await prepare_schema(dsn)
+        app_dsn, app_env = dsn, {}
+        if config.pgbouncer:
+            from apps.taskq_chaos_app import EFFECTS_DSN_ENV
+            from testkit import PgBouncer
+
+            bouncer = PgBouncer(dsn, Path(tempfile.mkdtemp(prefix="taskq-chaos-pgbouncer-")))
+            bouncer.start()
+            # the actors' own effects rows go straight to the server, as the checks read them
+            app_dsn = bouncer.dsn_for(dsn)
+            app_env = {"TASKQ_TRANSACTION_POOLER": "1", EFFECTS_DSN_ENV: dsn}
+            log(f"through PgBouncer (transaction mode) on port {bouncer.port}")
         log(f"seed {seed}; database ready; starting the supervisor ({config.workers} workers)")
-        sup = SupervisorProcess(dsn, workdir, config.workers)
+        sup = SupervisorProcess(app_dsn, workdir, config.workers, env=app_env)
         registered = await wait_until(
             lambda: _count(dsn, "SELECT count(*) FROM taskq.workers", config.workers), timeout=60)
         if not registered:
@@ -282,7 +297,7 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosReport:
         plan = make_plan(rng, config.jobs, 0.75 * config.seconds)
         faults = FaultDriver(rng, sup, pg, dsn, config.faults, config.seconds, config.kinds)
         loop = asyncio.get_running_loop()
-        async with await JobsClient.connect(dsn) as client:
+        async with await JobsClient.connect(app_dsn, transaction_pooler=config.pgbouncer) as client:
             workload = Workload(client, dsn, plan)
             start = loop.time()
             log(f"running {config.jobs} jobs and {faults.count} faults over {config.seconds:g}s")
@@ -324,6 +339,8 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosReport:
     finally:
         if sup is not None:
             sup.kill_everything()
+        if bouncer is not None:
+            bouncer.stop()
         if pg is not None:
             pg.close(keep=config.keep_data)
 
@@ -366,7 +383,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kinds", default=",".join(FAULT_KINDS), help="fault kinds, comma-separated")
     parser.add_argument("--workdir", type=Path, default=None, help="keep the logs here (default: a temp dir)")
     parser.add_argument("--corrupt", action="store_true", help="corrupt one row before the checks")
+    parser.add_argument("--pgbouncer", action="store_true",
+                        help="the fleet and the client connect through a PgBouncer in transaction mode")
     args = parser.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/testkit.py, as under pytest
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR)  # the outages we cause, reported per retry
     unknown = set(args.kinds.split(",")) - set(ALL_FAULT_KINDS) - {""}
     if unknown:
@@ -374,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     config = ChaosConfig(jobs=args.jobs, faults=args.faults, seconds=args.seconds, seed=args.seed,
                          workers=args.workers, dsn=args.dsn, drain_timeout=args.drain_timeout,
                          kinds=tuple(k for k in args.kinds.split(",") if k), corrupt=args.corrupt,
-                         keep_data=args.workdir is not None)
+                         keep_data=args.workdir is not None, pgbouncer=args.pgbouncer)
     with workdir_for(args.workdir) as workdir:
         report = asyncio.run(run_chaos(config, workdir))
     print(report.render())

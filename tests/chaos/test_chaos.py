@@ -43,6 +43,21 @@ async def test_chaos_run_under_every_kind_of_fault_keeps_every_invariant(
     assert report.run["operator cancels (status seen by cancel)"] > 0
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_chaos_run_through_pgbouncer_in_transaction_mode_keeps_every_invariant(
+    ci_config: ChaosConfig, tmp_path: Path
+) -> None:
+    # the fleet and the client through the pooler: no LISTEN, no prepared statements, the workers' identity
+    # in application_name; the PostgreSQL restarts and outages happen behind PgBouncer
+    ci_config.pgbouncer = True
+    ci_config.jobs, ci_config.faults, ci_config.seconds = ci_config.jobs // 2, ci_config.faults // 2 + 1, 25.0
+    report = await run_chaos(ci_config, tmp_path)
+    print(report.render())
+    assert report.ok, report.render()
+    assert report.run["operator cancels (status seen by cancel)"] > 0
+
+
 async def _run_small_workload(dsn: str, client: JobsClient, count: int) -> list[Planned]:
     """A few async and thread chaos jobs on an in-process worker, run to the end."""
     plan = [

@@ -33,7 +33,7 @@ from psycopg import sql as pgsql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import BaseModel, ValidationError
 
-from taskq import sql
+from taskq import Snooze, sql
 from taskq.actors.declaration import ActorRegistry, actor
 from taskq.client import DEFAULT_MAX_PAYLOAD_BYTES, JobsClient
 from taskq.models import JobFilter
@@ -68,6 +68,11 @@ async def object_result(payload: int) -> Any:
 @actor(name="matrix.surrogate_result", registry=registry)
 async def surrogate_result(payload: int) -> str:
     return "half a pair: \udc80"  # e.g. a file name decoded with surrogateescape
+
+
+@actor(name="matrix.bad_snooze", registry=registry)
+async def bad_snooze(payload: str) -> None:
+    raise Snooze(float(payload))  # e.g. "nan" or "-1": SnoozeInvalid, raised in the actor
 
 
 # -- the environment a case runs in -----------------------------------------------------------------
@@ -406,6 +411,12 @@ CASES: list[Case] = [
     Case("cli-worker-wrong-password", "cli", "taskq worker with a wrong password", "exit 3",
          "password authentication failed",
          lambda e: worker_cli(e, "taskq_testapp:actors", dsn=_wrong_password(e)), db="scram"),
+    Case("cli-prune-negative-retention", "cli", "taskq prune --retention-succeeded -1", "exit 2",
+         "retention_succeeded", lambda e: cli(e, "prune", "--retention-succeeded", "-1")),
+    Case("cli-prune-env-nan-retention", "cli", "taskq prune, TASKQ_RETENTION_FAILED=nan", "exit 2",
+         "retention_failed", lambda e: cli(e, "prune", extra_env={"TASKQ_RETENTION_FAILED": "nan"})),
+    Case("cli-worker-negative-retention", "cli", "taskq worker --retention-attempts -5", "exit 2",
+         "retention_attempts", lambda e: worker_cli(e, "taskq_testapp:actors", "--retention-attempts", "-5")),
     # -- worker --------------------------------------------------------------------------------------
     Case("worker-unknown-actor", "worker", "a job for an actor this worker lacks", "failed UnknownActor",
          "no actor named 'matrix.missing'", lambda e: worker_runs(e, "matrix.missing", {}), adds_jobs=1),
@@ -416,8 +427,16 @@ CASES: list[Case] = [
          "cannot be stored", lambda e: worker_runs(e, "matrix.object_result", 1), adds_jobs=1),
     Case("worker-surrogate-result", "worker", "an actor returning a lone surrogate", "failed ResultInvalid",
          "surrogates not allowed", lambda e: worker_runs(e, "matrix.surrogate_result", 1), adds_jobs=1),
+    Case("worker-snooze-nan", "worker", "an actor raising Snooze(nan)", "failed SnoozeInvalid",
+         "Snooze delay must be", lambda e: worker_runs(e, "matrix.bad_snooze", "nan"), adds_jobs=1),
+    Case("worker-snooze-negative", "worker", "an actor raising Snooze(-1)", "failed SnoozeInvalid",
+         "Snooze delay must be", lambda e: worker_runs(e, "matrix.bad_snooze", "-1"), adds_jobs=1),
     Case("worker-settings-nan", "worker", "WorkerSettings(lock_timeout=nan)", "ValidationError", "lock_timeout",
          lambda e: settings_error(lock_timeout=float("nan"))),
+    Case("worker-settings-nan-retention", "worker", "WorkerSettings(retention_succeeded=nan)", "ValidationError",
+         "retention_succeeded", lambda e: settings_error(retention_succeeded=float("nan"))),
+    Case("worker-settings-negative-retention", "worker", "WorkerSettings(retention_failed=-1)", "ValidationError",
+         "retention_failed", lambda e: settings_error(retention_failed=-1)),
     Case("worker-settings-negative", "worker", "WorkerSettings(max_threads=-1)", "ValidationError", "max_threads",
          lambda e: settings_error(max_threads=-1)),
 ]

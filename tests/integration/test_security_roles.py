@@ -288,6 +288,34 @@ def test_supervisor_reclaim_of_a_dead_worker_runs_under_the_worker_role(roles: R
     assert counts == {"scheduled": 1}
 
 
+async def test_worker_role_prunes_through_the_owner_functions_and_only_terminal_rows(roles: Roles, dsn: str) -> None:
+    from taskq.backend import Backend
+    from taskq.models import PruneClass
+    from taskq.retention import prune
+
+    ids = {}
+    for status in ("succeeded", "failed", "pending"):
+        (row,) = query(dsn, "INSERT INTO taskq.jobs (actor, status, finished_at) VALUES ('sec.echo', %s, "
+                            "now() - interval '30 days') RETURNING id", status)
+        ids[status] = row[0]
+        query(dsn, "INSERT INTO taskq.job_events (job_id, kind) VALUES (%s, 'note')", row[0])
+        query(dsn, "INSERT INTO taskq.job_attempts (job_id, attempt, claim_epoch, worker_id, finished_at) "
+                   "VALUES (%s, 1, 1, 'w', now() - interval '60 days')", row[0])
+    backend = await Backend.open(roles.worker_dsn, max_size=1)
+    try:
+        windows = {PruneClass.SUCCEEDED: 86400.0, PruneClass.FAILED: 86400.0, PruneClass.ATTEMPTS: 86400.0}
+        assert (await prune(backend, windows, dry_run=True)).total == 5
+        result = await prune(backend, windows)
+    finally:
+        await backend.close()
+    assert (result.succeeded, result.failed, result.attempts, result.events) == (1, 1, 3, 2)
+    assert query(dsn, "SELECT id FROM taskq.jobs") == [(ids["pending"],)]
+    # the function deletes no live job even when handed its id
+    with psycopg.connect(roles.worker_dsn, autocommit=True) as conn:
+        deleted = conn.execute("SELECT * FROM taskq.delete_terminal_jobs(%s)", ([ids["pending"]],)).fetchone()
+    assert deleted == (0, 0) and query(dsn, "SELECT count(*) FROM taskq.job_events")[0][0] == 1
+
+
 # -- what the roles must not do -----------------------------------------------------------------------
 
 CLAIM = sql.query("job_claim")
@@ -310,6 +338,8 @@ FORBIDDEN_TO_CLIENT: list[tuple[str, str, dict[str, Any]]] = [
     ("alter the jobs table", "ALTER TABLE taskq.jobs ADD COLUMN x int", {}),
     ("create a table in taskq", "CREATE TABLE taskq.x (a int)", {}),
     ("edit the migrations", "DELETE FROM taskq.schema_migrations", {}),
+    ("prune jobs", "SELECT taskq.delete_terminal_jobs(ARRAY(SELECT id FROM taskq.jobs))", {}),
+    ("prune attempts", "SELECT taskq.delete_finished_attempts('{}', '{}')", {}),
 ]
 FORBIDDEN_TO_WORKER: list[tuple[str, str, dict[str, Any]]] = [
     ("create a table in taskq", "CREATE TABLE taskq.x (a int)", {}),

@@ -1,4 +1,4 @@
--- taskq schema, version 5: periodic schedules (cron or fixed intervals), exactly one job per slot.
+-- taskq schema, version 6: periodic schedules (cron or fixed intervals), exactly one job per slot.
 --
 -- A schedule is a row; every worker's scheduler may fire it. A tick locks the due rows (FOR UPDATE SKIP
 -- LOCKED), inserts their slot jobs and moves next_run_at past the database's now() in one transaction,
