@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import pwd
 import shutil
@@ -13,6 +14,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import psycopg
 import pytest
@@ -88,6 +90,18 @@ def wait_until(predicate: Any, timeout: float = 15.0, interval: float = 0.05) ->
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         time.sleep(interval)
+
+
+def insert_job(dsn: str, actor: str, payload: Any, max_attempts: int = 3) -> UUID:
+    """A job written as a producer that does not import the actor would write it (no validation, no
+    option but max_attempts), then the NOTIFY that wakes the workers of the default queue."""
+    (row,) = query(
+        dsn,
+        "INSERT INTO taskq.jobs (actor, payload, max_attempts) VALUES (%s, %s::jsonb, %s) RETURNING id",
+        actor, json.dumps(payload), max_attempts,
+    )
+    query(dsn, "SELECT pg_notify('taskq_jobs', 'default')")
+    return UUID(str(row[0]))
 
 
 class PgBouncer:

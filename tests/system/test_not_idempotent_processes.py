@@ -4,27 +4,18 @@ automatically; the job ends crashed, attempts remaining, for an operator to requ
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from typing import Any
 from uuid import UUID
 
 import pytest
+from testkit import insert_job as enqueue_by_name
 from testkit import query, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 
-def enqueue_by_name(dsn: str, actor: str, payload: Any, max_attempts: int = 3) -> UUID:
-    """As a producer that does not import the actor: the row says nothing about idempotence."""
-    (row,) = query(
-        dsn,
-        "INSERT INTO taskq.jobs (actor, payload, max_attempts) VALUES (%s, %s::jsonb, %s) RETURNING id",
-        actor, json.dumps(payload), max_attempts,
-    )
-    query(dsn, "SELECT pg_notify('taskq_jobs', 'default')")
-    return UUID(str(row[0]))
 
 
 def job(dsn: str, job_id: UUID) -> dict[str, Any]:

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from test_supervisor import (
     attempts,
-    enqueue,
     job,
     reclaim_causes,
     start_supervisor,  # noqa: F401 (a fixture)
 )
+from testkit import insert_job as enqueue
 from testkit import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]

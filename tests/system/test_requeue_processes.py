@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -14,6 +13,7 @@ from uuid import UUID
 
 import psycopg
 import pytest
+from testkit import insert_job as enqueue
 from testkit import query, wait_until
 
 from taskq.invariants import InvariantReport, check_invariants
@@ -22,14 +22,6 @@ from taskq.worker import exitcodes
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 
-def enqueue(dsn: str, actor: str, payload: Any, max_attempts: int) -> UUID:
-    (row,) = query(
-        dsn,
-        "INSERT INTO taskq.jobs (actor, payload, max_attempts) VALUES (%s, %s::jsonb, %s) RETURNING id",
-        actor, json.dumps(payload), max_attempts,
-    )
-    query(dsn, "SELECT pg_notify('taskq_jobs', 'default')")
-    return UUID(str(row[0]))
 
 
 def job(dsn: str, job_id: UUID) -> dict[str, Any]:

@@ -4,7 +4,6 @@ and this test bound to the NOTIFY_SOCKET in systemd's place."""
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import re
 import select
@@ -23,6 +22,7 @@ from uuid import UUID
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from testkit import insert_job as enqueue
 from testkit import query, wait_until
 
 from taskq.supervisor.restart import CRASH_LOOP
@@ -209,14 +209,6 @@ def start_supervisor(dsn: str, tmp_path: Path) -> Iterator[Callable[..., Supervi
         sup.notify.close()
 
 
-def enqueue(dsn: str, actor: str, payload: Any, max_attempts: int = 3) -> UUID:
-    (row,) = query(
-        dsn,
-        "INSERT INTO taskq.jobs (actor, payload, max_attempts) VALUES (%s, %s::jsonb, %s) RETURNING id",
-        actor, json.dumps(payload), max_attempts,
-    )
-    query(dsn, "SELECT pg_notify('taskq_jobs', 'default')")
-    return UUID(str(row[0]))
 
 
 def job(dsn: str, job_id: UUID) -> dict[str, Any]:

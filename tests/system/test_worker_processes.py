@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from pathlib import Path
@@ -10,6 +9,7 @@ from typing import Any
 from uuid import UUID
 
 import pytest
+from testkit import insert_job as enqueue
 from testkit import query, wait_until
 
 from taskq.worker import exitcodes
@@ -17,14 +17,6 @@ from taskq.worker import exitcodes
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 
-def enqueue(dsn: str, actor: str, payload: Any, max_attempts: int = 3) -> UUID:
-    (row,) = query(
-        dsn,
-        "INSERT INTO taskq.jobs (actor, payload, max_attempts) VALUES (%s, %s::jsonb, %s) RETURNING id",
-        actor, json.dumps(payload), max_attempts,
-    )
-    query(dsn, "SELECT pg_notify('taskq_jobs', 'default')")
-    return UUID(str(row[0]))
 
 
 def job(dsn: str, job_id: UUID) -> dict[str, Any]:
