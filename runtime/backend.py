@@ -6,11 +6,10 @@ them) and returns models. Worker-side operations live in `taskq.worker.store` on
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Self, TypeVar, cast
@@ -33,8 +32,6 @@ from taskq.models import (
     JobFilter,
     JobRow,
     JobStatus,
-    PruneClass,
-    PruneResult,
     ScheduleInfo,
 )
 
@@ -591,47 +588,3 @@ class Backend:
                     for job_id, prev, requeued, conflict, _ in await cur.fetchall()
                 ]
         raise UniqueKeyContention("a bulk requeue batch kept meeting unique keys taken meanwhile; try again")
-
-    # -- retention ---------------------------------------------------------------------------------
-
-    @contextlib.asynccontextmanager
-    async def dedicated_connection(self, *, timeout: float = 10.0) -> AsyncIterator[AsyncConnection[Any]]:
-        """An autocommit connection of its own, outside the pool (pruning must never hold a connection
-        the claims and finishes need); closed on exit."""
-        try:
-            conn = await psycopg.AsyncConnection.connect(
-                self.dsn, connect_timeout=int(max(1, timeout)),
-                **connection_kwargs(self.dsn, worker_id=None, transaction_pooler=self.transaction_pooler),
-            )
-        except psycopg.OperationalError as exc:
-            raise connect_error(self.dsn, exc) from None
-        try:
-            yield conn
-        finally:
-            await conn.close()
-
-    @staticmethod
-    async def job_prune_batch(conn: AsyncConnection[Any], cls: PruneClass, keep: float, limit: int) -> tuple[int, int]:
-        """Delete one bounded batch of `cls` rows finished more than `keep` seconds ago (jobs with their
-        events); returns (rows deleted, events deleted)."""
-        cur = await conn.execute(sql.query(f"prune_{cls.value}"), {"keep": keep, "limit": limit})
-        row = await cur.fetchone()
-        assert row is not None
-        return int(row[0]), int(row[1])
-
-    @staticmethod
-    async def job_prune_pause(conn: AsyncConnection[Any], seconds: float) -> None:
-        """Wait `seconds` on the server holding the prune gate (if no other pruner holds it)."""
-        await conn.execute(sql.query("prune_pause"), {"seconds": seconds})
-
-    @staticmethod
-    async def job_prune_count(conn: AsyncConnection[Any], keep: dict[PruneClass, float]) -> PruneResult:
-        """What a prune with these windows would delete now (0 disables a class); deletes nothing."""
-        cur = await conn.execute(sql.query("prune_count"), {
-            "keep_succeeded": keep[PruneClass.SUCCEEDED], "keep_failed": keep[PruneClass.FAILED],
-            "keep_attempts": keep[PruneClass.ATTEMPTS],
-        })
-        row = await cur.fetchone()
-        assert row is not None
-        return PruneResult(succeeded=int(row[0]), failed=int(row[1]), attempts=int(row[2]), events=int(row[3]),
-                           dry_run=True)

@@ -50,13 +50,10 @@ import psycopg
 from psycopg_pool import PoolTimeout
 from pydantic import ValidationError
 
-from taskq import cli_lifecycle, cli_output, cli_schedules, sql
+from taskq import cli_lifecycle, cli_output, cli_prune, cli_schedules, sql
 from taskq.actors.declaration import default_registry
 from taskq.checks import check_reason
 from taskq.cli_args import int_arg, job_id_arg, seconds_arg, when_arg
-from taskq.cli_prune import DESCRIPTION as PRUNE_DESCRIPTION
-from taskq.cli_prune import HELP as PRUNE_HELP
-from taskq.cli_prune import RETENTION_FIELDS, run_prune
 from taskq.client import DEFAULT_MAX_PAYLOAD_BYTES, JobHandle, JobsClient, prepare_insert
 from taskq.dsn import redact_dsn, resolve_dsn, scrub
 from taskq.embedded import INSTALL_HINT, data_dir
@@ -345,10 +342,6 @@ def cmd_job(args: argparse.Namespace) -> int:
     return with_client(args, body)
 
 
-def cmd_prune(args: argparse.Namespace) -> int:
-    return run_prune(args, worker_settings(args), dsn_of(args))
-
-
 def settings_args(skip: tuple[str, ...] = ("dsn",)) -> tuple[Arg, ...]:
     """One `--<field-with-dashes>` flag per WorkerSettings field (env TASKQ_<FIELD> is the fallback)."""
     from taskq.settings import WorkerSettings
@@ -359,11 +352,6 @@ def settings_args(skip: tuple[str, ...] = ("dsn",)) -> tuple[Arg, ...]:
         for name, field in WorkerSettings.model_fields.items()
         if name not in skip
     )
-
-
-def retention_args() -> tuple[Arg, ...]:
-    """The retention windows' settings flags, for commands that prune."""
-    return tuple(a for a in settings_args() if a.options["dest"].removeprefix("setting_") in RETENTION_FIELDS)
 
 
 def worker_settings(args: argparse.Namespace) -> Any:
@@ -466,15 +454,7 @@ COMMANDS: tuple[Command, ...] = (
         (arg("job_id", type=job_id_arg, metavar="ID"), JSON_ARG),
     ),
     *cli_schedules.commands(),
-    Command(
-        "prune", cmd_prune, PRUNE_HELP,
-        (
-            arg("--dry-run", action="store_true", help="count what would be deleted; delete nothing"),
-            *retention_args(),
-            JSON_ARG,
-        ),
-        description=PRUNE_DESCRIPTION,
-    ),
+    *cli_prune.commands(),
     Command(
         "worker", cmd_worker, "run one worker in the foreground",
         (APP_ARG, *settings_args()),

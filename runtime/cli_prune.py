@@ -19,6 +19,7 @@ from taskq.models import PruneResult
 from taskq.retention import keep_windows, prune
 
 if TYPE_CHECKING:
+    from taskq.cli import Command
     from taskq.settings import WorkerSettings
 
 RETENTION_FIELDS = ("retention_succeeded", "retention_failed", "retention_attempts")
@@ -64,8 +65,7 @@ def summary(result: PruneResult) -> str:
 
 
 def run_prune(args: argparse.Namespace, settings: WorkerSettings, dsn: str) -> int:
-    """The body of `taskq prune`, given the checked settings and the DSN (taskq.cli resolves both: this
-    module must not import taskq.cli, which may be running as __main__)."""
+    """The body of `taskq prune`, given the checked settings and the DSN."""
     progress = None if args.json or args.dry_run or not sys.stderr.isatty() else ProgressLine(sys.stderr)
 
     async def go() -> PruneResult:
@@ -82,3 +82,24 @@ def run_prune(args: argparse.Namespace, settings: WorkerSettings, dsn: str) -> i
     result = asyncio.run(go())
     print(cli_output.to_json(result) if args.json else summary(result), flush=True)
     return 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    from taskq.cli import dsn_of, worker_settings
+
+    return run_prune(args, worker_settings(args), dsn_of(args))
+
+
+def commands() -> tuple[Command, ...]:
+    """`taskq prune`, with the retention windows' settings flags (imported late: taskq.cli imports this)."""
+    from taskq.cli import JSON_ARG, Command, arg, settings_args
+
+    retention = tuple(a for a in settings_args() if a.options["dest"].removeprefix("setting_") in RETENTION_FIELDS)
+    return (
+        Command(
+            "prune", cmd_prune, HELP,
+            (arg("--dry-run", action="store_true", help="count what would be deleted; delete nothing"),
+             *retention, JSON_ARG),
+            description=DESCRIPTION,
+        ),
+    )

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from taskq import backend_retention
 from taskq.models import PruneClass, PruneResult
 
 if TYPE_CHECKING:
@@ -58,9 +59,9 @@ async def prune(
     with `dry_run` count them and delete nothing. Safe to run on many workers at once (disjoint batches).
     `stop`, when set, ends the prune after the current batch (a stopping worker)."""
     started = time.monotonic()
-    async with backend.dedicated_connection() as conn:
+    async with backend_retention.dedicated_connection(backend) as conn:
         if dry_run:
-            counted = await backend.job_prune_count(conn, keep)
+            counted = await backend_retention.job_prune_count(conn, keep)
             return counted.model_copy(update={"seconds": time.monotonic() - started})
         done = dict.fromkeys(PruneClass, 0)
         events = batches = 0
@@ -69,7 +70,7 @@ async def prune(
                 continue
             while stop is None or not stop.is_set():
                 t0 = time.monotonic()
-                rows, ev = await backend.job_prune_batch(conn, cls, keep[cls], batch_size)
+                rows, ev = await backend_retention.job_prune_batch(conn, cls, keep[cls], batch_size)
                 took = time.monotonic() - t0
                 batches += 1
                 done[cls] += rows
@@ -78,7 +79,7 @@ async def prune(
                     on_progress(sum(done.values()), time.monotonic() - started)
                 if rows < batch_size:
                     break
-                await backend.job_prune_pause(conn, max(MIN_PAUSE, took * pause_ratio))
+                await backend_retention.job_prune_pause(conn, max(MIN_PAUSE, took * pause_ratio))
     return PruneResult(
         succeeded=done[PruneClass.SUCCEEDED], failed=done[PruneClass.FAILED], attempts=done[PruneClass.ATTEMPTS],
         events=events, batches=batches, seconds=time.monotonic() - started,

@@ -112,7 +112,13 @@ def children(pid: int) -> list[int]:
 
 
 def cmdline(pid: int) -> str:
-    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    """The process's command line; "" once it has exited (a worker leaving between the listing of the
+    supervisor's children and this read, as the one SIGTTOU stops does)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
 
 
 class Supervisor:
