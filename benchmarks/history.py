@@ -18,7 +18,7 @@ lands on every level alike; in each visit:
 2. latency: one idle worker, jobs enqueued one per commit at `--rate` 50/s for `--latency-seconds`:
    enqueue call → actor start (the actor returns time.time(); `latency.drive`).
 
-The drained rows stay: the "0" database holds at most rounds × jobs terminal rows by the end. After the
+The drained rows stay: the "0" database holds at most rounds x jobs terminal rows by the end. After the
 rounds: EXPLAIN (ANALYZE, BUFFERS) of the worker's claim (`job_claim`, 200 of a 1,000-job backlog) and
 finish (`job_finish_batch` of those 200), inside a transaction rolled back, on every database; and per
 table its size, live and dead tuples and autovacuum runs (pg_stat_user_tables). Target: every level's
@@ -83,7 +83,16 @@ SELECT count(*) FILTER (WHERE status = 'succeeded'), count(*),
        extract(epoch FROM max(finished_at) - min(started_at))
 FROM taskq.jobs WHERE created_at >= %(t0)s
 """
-UNFINISHED_SQL = "SELECT count(*) FROM taskq.jobs WHERE status IN ('pending', 'scheduled', 'running')"
+BACKEND_TYPES_SQL = """
+SELECT pid, CASE WHEN backend_type = 'client backend' THEN 'backends' ELSE backend_type END
+FROM pg_stat_activity WHERE datname = current_database() OR backend_type NOT IN ('client backend', 'autovacuum worker')
+"""
+# two partial-index counts (jobs_claim_idx, jobs_running_lease_idx): one predicate over the three statuses
+# would read the whole table, history included, at every poll
+UNFINISHED_SQL = """
+SELECT (SELECT count(*) FROM taskq.jobs WHERE status IN ('pending', 'scheduled'))
+       + (SELECT count(*) FROM taskq.jobs WHERE status = 'running')
+"""
 TABLES_SQL = """
 SELECT relname, n_live_tup, n_dead_tup, autovacuum_count, autoanalyze_count, vacuum_count,
        pg_total_relation_size(relid), pg_indexes_size(relid)
@@ -139,6 +148,7 @@ def drain(dsn: str, args: argparse.Namespace, server: ServerCpu, tag: str) -> di
         row = conn.execute("SELECT now()").fetchone()
         assert row is not None
         t0 = row[0]
+        before = table_stats(conn)
         asyncio.run(enqueue_backlog(dsn, args.jobs))
         logs = RESULTS_DIR / "logs"
         procs = [spawn_worker(dsn, APP, worker_settings(args), logs / f"history-{tag}-w{i}.log")
@@ -154,10 +164,16 @@ def drain(dsn: str, args: argparse.Namespace, server: ServerCpu, tag: str) -> di
                     raise RuntimeError(f"{left} jobs unfinished after {args.timeout:.0f}s")
                 time.sleep(POLL_INTERVAL)
             end = cpu_snapshot(pids, server)
+            kinds = {int(r[0]): str(r[1]) for r in conn.execute(BACKEND_TYPES_SQL).fetchall()}
+            after = table_stats(conn)
         finally:
             stop_workers(procs)
         done, total, drain_s = conn.execute(ROUND_SQL, {"t0": t0}).fetchone() or (0, 0, None)
     cpu = cpu_between(start, end)
+    by_kind: dict[str, float] = {}
+    for pid, seconds in end.server.items():
+        kind = kinds.get(pid, "exited")
+        by_kind[kind] = by_kind.get(kind, 0.0) + seconds - start.server.get(pid, 0.0)
     return {
         "succeeded": int(done), "jobs": int(total), "drain_s": float(drain_s or 0),
         "jobs_per_s": int(done) / float(drain_s) if drain_s else None,
@@ -165,7 +181,21 @@ def drain(dsn: str, args: argparse.Namespace, server: ServerCpu, tag: str) -> di
         "worker_cpu_us_per_job": 1e6 * sum(cpu["processes_s"].values()) / max(1, int(done)),
         "server_cpu_us_per_job": 1e6 * (cpu["server_s"] or 0.0) / max(1, int(done)),
         "machine_busy_fraction": cpu["machine_busy_fraction"],
+        "server_cpu_us_per_job_by_kind": {k: 1e6 * v / max(1, int(done)) for k, v in sorted(by_kind.items())},
+        "autovacuums": {t: after[t]["autovacuums"] - before[t]["autovacuums"] for t in after},
     }
+
+
+def settle(dsn: str, timeout: float = 600.0) -> None:
+    """After a seed: flush its dirty pages (CHECKPOINT) and wait for any autovacuum of this database to end,
+    so that the rounds do not pay for the seed."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CHECKPOINT")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and (conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND backend_type = 'autovacuum worker'").fetchone() or (0,))[0]:
+            time.sleep(1.0)
 
 
 def latency(dsn: str, args: argparse.Namespace, tag: str) -> dict[str, Any]:
@@ -232,6 +262,7 @@ def history_mode(args: argparse.Namespace) -> None:
                 print(f"seeding {n:,} terminal jobs", file=sys.stderr)
                 seeded[n] = seed_history(dsns[n], n, actor=HISTORY_ACTOR, newest_age_s=HISTORY_AGE, progress=True)
                 print(f"\n  {seeded[n]:,.0f} jobs/s (with events, attempts, VACUUM ANALYZE)", file=sys.stderr)
+                settle(dsns[n])
         servers = {n: ServerCpu(dsns[n]) for n in levels}
         try:
             for r in range(args.rounds):
@@ -243,19 +274,21 @@ def history_mode(args: argparse.Namespace) -> None:
                     lat = latency(dsns[n], args, tag)
                     rounds[n].append({"loadavg_before": load, "drain": d, "latency": lat})
                     print(f"  round {r + 1}/{args.rounds}, {n:,} history: drain {d['jobs_per_s']:,.0f} jobs/s, "
-                          f"PG {d['server_cpu_us_per_job']:.0f} µs/job; enqueue→start p50 "
+                          f"PG {d['server_cpu_us_per_job']:.0f} µs/job "
+                          f"({', '.join(f'{k} {v:.0f}' for k, v in d['server_cpu_us_per_job_by_kind'].items())}; "
+                          f"autovacuums {d['autovacuums']}); enqueue→start p50 "
                           f"{lat['enqueue_to_start_ms']['p50']:.2f} ms p99 {lat['enqueue_to_start_ms']['p99']:.2f} ms"
                           f" (load {load})", file=sys.stderr)
         finally:
-            for s in servers.values():
-                s.close()
+            for cpu in servers.values():
+                cpu.close()
         for n in levels:
             with psycopg.connect(dsns[n], autocommit=True) as conn:
                 tables = table_stats(conn)
             finals[n] = {"explain": explain(dsns[n]), "tables": tables}
     summary = {n: summarize(rs) for n, rs in rounds.items()}
     base = summary[levels[0]]
-    for n, s in summary.items():
+    for s in summary.values():
         s["drain_vs_empty"] = s["jobs_per_s"] / base["jobs_per_s"] - 1
         s["latency_p50_vs_empty"] = s["latency_p50_ms"] / base["latency_p50_ms"] - 1
         s["met"] = s["drain_vs_empty"] >= -MAX_SLOWDOWN and s["latency_p50_vs_empty"] <= MAX_SLOWDOWN
@@ -269,10 +302,12 @@ def history_mode(args: argparse.Namespace) -> None:
     if report["load_warning"]:
         print(report["load_warning"])
     print_table(
-        ["terminal jobs", "drain jobs/s", "rounds", "vs empty", "PG µs/job", "worker µs/job", "p50 ms", "p99 ms",
+        ["terminal jobs", "drain jobs/s", "rounds", "vs empty", "PG µs/job", "backends µs/job", "worker µs/job",
+         "p50 ms", "p99 ms",
          "p50 vs empty", "claim ms", "claim bufs", "finish ms", "finish bufs", "met"],
         [[f"{n:,}", s["jobs_per_s"], " / ".join(f"{x:,.0f}" for x in s["rounds_jobs_per_s"]),
-          f"{100 * s['drain_vs_empty']:+.1f}%", s["server_cpu_us_per_job"], s["worker_cpu_us_per_job"],
+          f"{100 * s['drain_vs_empty']:+.1f}%", s["server_cpu_us_per_job"], s["backends_cpu_us_per_job"],
+          s["worker_cpu_us_per_job"],
           s["latency_p50_ms"], s["latency_p99_ms"], f"{100 * s['latency_p50_vs_empty']:+.1f}%",
           finals[n]["explain"]["claim"]["execution_ms"],
           (finals[n]["explain"]["claim"]["shared_hit"] or 0) + (finals[n]["explain"]["claim"]["shared_read"] or 0),
@@ -301,6 +336,8 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "rounds_jobs_per_s": [r["drain"]["jobs_per_s"] for r in rounds],
         "server_cpu_us_per_job": med([r["drain"]["server_cpu_us_per_job"] for r in rounds]),
         "worker_cpu_us_per_job": med([r["drain"]["worker_cpu_us_per_job"] for r in rounds]),
+        "backends_cpu_us_per_job": med([r["drain"]["server_cpu_us_per_job_by_kind"].get("backends", 0.0)
+                                        for r in rounds]),
         "latency_p50_ms": med([r["latency"]["enqueue_to_start_ms"]["p50"] for r in rounds]),
         "latency_p99_ms": med([r["latency"]["enqueue_to_start_ms"]["p99"] for r in rounds]),
         "loadavg_before": [r["loadavg_before"][0] for r in rounds],
