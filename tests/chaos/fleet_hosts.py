@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -60,16 +61,15 @@ class ListeningPostgres(DedicatedPostgres):
 
 
 class Host:
-    """One supervisor (`python -m taskq.supervisor APP`) with its workers, in namespace `netns` if given,
-    else in a process group of its own. Every process of the host carries its token in its environment."""
+    """One supervisor (`python -m taskq.supervisor APP`) with its workers, in its own session, and in network
+    namespace `netns` if given."""
 
     def __init__(self, name: str, netns: str | None, args: Sequence[str], env: dict[str, str], cwd: Path,
                  log_path: Path) -> None:
         self.name, self.netns, self.log_path = name, netns, log_path
-        self.token = uuid.uuid4().hex
         prefix = ["ip", "netns", "exec", netns] if netns else []
         full_env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
-        full_env |= env | {"TASKQ_FLEET_HOST": self.token}
+        full_env |= env
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "wb") as log_file:
             # `ip netns exec` execs the command: the pid is the supervisor's
@@ -78,16 +78,18 @@ class Host:
                                          start_new_session=True)
 
     def pids(self) -> list[int]:
-        """Every live process of this host (the supervisor, its workers, their children)."""
-        needle = f"TASKQ_FLEET_HOST={self.token}".encode()
+        """Every live process of this host: the supervisor leads a session of its own, and its workers (and
+        their children) stay in it. (Not the environment: setproctitle overwrites /proc/<pid>/environ.)"""
         found = []
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit():
                 try:
-                    if needle in Path(f"/proc/{entry.name}/environ").read_bytes().split(b"\0"):
-                        found.append(int(entry.name))
+                    fields = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()
                 except OSError:
                     continue
+                # fields[0] is the state, fields[3] the session id (stat fields 3 and 6)
+                if fields[0] != "Z" and int(fields[3]) == self.proc.pid:
+                    found.append(int(entry.name))
         return found
 
     def kill(self) -> list[int]:
@@ -102,6 +104,9 @@ class Host:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self.proc.wait(10)
+        deadline = time.monotonic() + 10.0  # a SIGKILL is delivered asynchronously
+        while self.pids() and time.monotonic() < deadline:
+            time.sleep(0.01)
         return pids
 
     def stop(self, timeout: float = 60.0) -> int | None:

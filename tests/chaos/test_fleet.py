@@ -2,7 +2,8 @@
 
 Each host is a network namespace with its own address (as root, which CI is; plain process groups
 otherwise) running `python -m taskq.supervisor` with two workers, on the run's own PostgreSQL listening on
-the bridge address. When a third of the jobs are done and the victim host holds running jobs, it is
+the bridge address. When a third of the jobs are done and the victim host holds running jobs (each job sleeps a second, so every host holds some until the
+queue runs dry), it is
 killed whole (SIGSTOP, then SIGKILL of the supervisor and every worker). The survivors must reclaim
 every job it held (their sweepers, after its leases expire), and every job must succeed exactly once.
 """
@@ -24,9 +25,9 @@ from taskq.migrations import migrate_dsn
 
 APPS = Path(__file__).resolve().parent.parent / "apps"
 JOBS = 300
-SECONDS_EACH = 0.1
+SECONDS_EACH = 1.0
 WINDOWS = {"heartbeat_interval": 0.3, "lock_timeout": 2.0, "sweep_interval": 0.3, "poll_interval": 0.2,
-           "concurrency": 8}
+           "concurrency": 4}
 
 
 def host_args() -> list[str]:
