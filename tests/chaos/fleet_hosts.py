@@ -21,7 +21,10 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+import psycopg
 from chaos_fleet import DedicatedPostgres
+
+from taskq.backend import WORKER_APPLICATION_NAME
 
 PORT = 5432
 
@@ -196,3 +199,16 @@ class Fleet:
             subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, timeout=30)
         self.pg.close()
 
+
+
+def wait_connections_gone(dsn: str, worker_ids: Sequence[str], timeout: float = 60.0) -> None:
+    """Until PostgreSQL has ended every session of these (killed) workers. A commit they sent before they
+    died can still land until their backends notice the dead socket: only then is what they held final."""
+    names = [WORKER_APPLICATION_NAME + w for w in worker_ids]
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while (conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = ANY(%s)",
+                            (names,)).fetchone() or (0,))[0]:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"sessions of the killed workers {list(worker_ids)} still open after {timeout}s")
+            time.sleep(0.02)

@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from fleet_hosts import Fleet, netns_available
+from fleet_hosts import Fleet, netns_available, wait_connections_gone
 from testkit import query, wait_until
 
 from taskq import JobsClient
@@ -71,6 +71,7 @@ async def test_a_host_killed_whole_is_reclaimed_by_the_others_and_every_job_succ
         assert len(dead) == 2
         killed = victim.kill()
         assert not victim.pids() and len(killed) >= 3  # the supervisor and its two workers at least
+        await asyncio.to_thread(wait_connections_gone, dsn, dead)
         held = {r[0] for r in query(dsn, "SELECT id FROM taskq.jobs WHERE status = 'running' AND worker_id = ANY(%s)",
                                     dead)}
         assert held
