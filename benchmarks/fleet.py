@@ -224,7 +224,8 @@ def kill_leg(fleet: Fleet, dsn: str, args: argparse.Namespace) -> dict[str, Any]
     return {
         "loadavg_before": load, "jobs": args.kill_jobs, "sleep_s": args.kill_sleep,
         "done_at_kill": done_at_kill, "killed_pids": killed, "dead_workers": dead_ids,
-        "held_by_dead_host": len(held_rows), "not_reclaimed_sample": missed_events, "reclaimed": len(reclaimed & held_rows),
+        "held_by_dead_host": len(held_rows), "not_reclaimed_sample": missed_events,
+        "reclaimed": len(reclaimed & held_rows),
         "reclaimed_by": sorted({str(r[2]) for r in reclaims}),
         "reclaim_statuses": sorted({str(r[3]) for r in reclaims}),
         "reclaim_s": {"min": min(delays, default=float("nan")), "max": max(delays, default=float("nan")),

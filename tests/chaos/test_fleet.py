@@ -2,10 +2,11 @@
 
 Each host is a network namespace with its own address (as root, which CI is; plain process groups
 otherwise) running `python -m taskq.supervisor` with two workers, on the run's own PostgreSQL listening on
-the bridge address. When a third of the jobs are done and the victim host holds running jobs (each job sleeps a second, so every host holds some until the
-queue runs dry), it is
-killed whole (SIGSTOP, then SIGKILL of the supervisor and every worker). The survivors must reclaim
-every job it held (their sweepers, after its leases expire), and every job must succeed exactly once.
+the bridge address. Each job sleeps a second, so every host holds some until the queue runs dry. When a
+third of the jobs are done and the victim host holds running jobs, it is killed whole (SIGSTOP, then
+SIGKILL of the supervisor and every worker). Once PostgreSQL has closed its sessions, what it held is
+final. The survivors must reclaim every job it held (their sweepers, after its leases expire), and every
+job must succeed exactly once.
 """
 
 from __future__ import annotations
