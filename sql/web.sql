@@ -88,6 +88,7 @@ SELECT * FROM taskq.jobs WHERE id = %(id)s FOR UPDATE;
 -- One page of jobs, newest first, after the keyset cursor (created_at, id) of the previous page.
 -- `readable`: LIKE patterns of the queues the caller may read (NULL: all). The cursor is written as
 -- created_at <= X AND (created_at < X OR id < Y) so that created_at <= X is an index condition.
+-- `uncancelled`: only rows without a cancel request (a bulk cancel's selection).
 SELECT * FROM taskq.jobs
 WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
@@ -97,6 +98,7 @@ WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(created_after)s::timestamptz IS NULL OR created_at > %(created_after)s::timestamptz)
   AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s::timestamptz)
   AND (%(readable)s::text[] IS NULL OR queue LIKE ANY(%(readable)s::text[]))
+  AND (NOT %(uncancelled)s::boolean OR cancel_requested_at IS NULL)
   AND (%(after_at)s::timestamptz IS NULL
        OR (created_at <= %(after_at)s::timestamptz
            AND (created_at < %(after_at)s::timestamptz OR id < %(after_id)s::uuid)))

@@ -196,7 +196,8 @@ async def _bulk_targets(tx: Tx, caller: Caller, action: str, flt: JobFilter, act
         "statuses": statuses, "queues": list(flt.queues) if flt.queues else None,
         "actors": list(flt.actors) if flt.actors else None, "tags": list(flt.tags) if flt.tags else None,
         "parent_id": None, "created_after": flt.created_after, "created_before": flt.created_before,
-        "readable": None, "after_at": None, "after_id": None, "limit": limit + 1,
+        "readable": None, "uncancelled": action == "jobs:cancel", "after_at": None, "after_id": None,
+        "limit": limit + 1,
     }
     if not statuses:
         return [], False
