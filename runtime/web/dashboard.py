@@ -14,7 +14,7 @@ import hashlib
 import hmac
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -173,9 +173,12 @@ async def overview(request: Request, who: Principal) -> Response:
     key = f"stats:{who.name}"
     stats = st.cached(key) or st.remember(key, await reads.stats(await st.backend(), who))
     queues = []
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    minutes = [now - timedelta(minutes=stats["window_minutes"] - 1 - i) for i in range(stats["window_minutes"])]
     for name, q in sorted(stats["queues"].items()):
         done = [p for p in q["per_minute"] if p["status"] == "succeeded"]
-        queues.append({"name": name, **q, "chart": sparkline([p["n"] for p in done]),
+        per_minute = {datetime.fromisoformat(p["minute"]): p["n"] for p in done}
+        queues.append({"name": name, **q, "chart": sparkline([per_minute.get(m, 0) for m in minutes]),
                        "p95": max((p["run_p95"] or 0 for p in done), default=None)})
     cancelling = await reads.cancellations(await st.backend(), who, limit=1000)
     return render(request, "overview.html", who, queues=queues, statuses=list(JobStatus),
@@ -188,7 +191,7 @@ def _filters_of(request: Request) -> dict[str, str]:
 
 @page
 async def jobs(request: Request, who: Principal) -> Response:
-    query = {k: [v] for k, v in request.query_params.items() if v}
+    query = {k: [v] for k, v in request.query_params.items() if v and k != "msg"}
     result = await reads.job_page(await state_of(request).backend(), who, query)
     filters = _filters_of(request)
     next_url = None

@@ -141,8 +141,9 @@ async def test_lists_show_only_the_queues_the_token_may_read(api: Api) -> None:
 async def test_a_revoked_token_stops_working(api: Api, dsn: str) -> None:
     async with api.client("reader") as c:
         assert (await c.get("/jobs")).status_code == 200
-        done = subprocess.run([sys.executable, "-m", "taskq.cli", "--dsn", dsn, "tokens", "revoke", "reader"],
-                              capture_output=True, text=True, timeout=60, check=False)
+        done = subprocess.run(  # noqa: ASYNC221 - the CLI under test, briefly
+            [sys.executable, "-m", "taskq.cli", "--dsn", dsn, "tokens", "revoke", "reader"],
+            capture_output=True, text=True, timeout=60, check=False)
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == "reader: revoked"
 
@@ -274,7 +275,8 @@ async def test_a_failing_audit_write_rolls_the_change_back(api: Api) -> None:
     jid = job(api.dsn)
     query(api.dsn, "CREATE FUNCTION taskq.refuse() RETURNS trigger LANGUAGE plpgsql AS "
                    "$$ BEGIN RAISE EXCEPTION 'audit refused'; END $$")
-    query(api.dsn, "CREATE TRIGGER refuse BEFORE INSERT ON taskq.operator_audit FOR EACH ROW EXECUTE FUNCTION taskq.refuse()")
+    query(api.dsn, "CREATE TRIGGER refuse BEFORE INSERT ON taskq.operator_audit"
+                   " FOR EACH ROW EXECUTE FUNCTION taskq.refuse()")
     async with api.client() as c:
         assert_problem(await c.post(f"/jobs/{jid}:cancel", headers={"Idempotency-Key": "k"}), 500, "INTERNAL")
     after = row(api.dsn, jid)

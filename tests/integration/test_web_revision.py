@@ -21,8 +21,7 @@ from taskq.tokens import create_token
 @actor(name="web.revision.progress")
 async def report_then_wait(payload: int, ctx: JobContext[int]) -> int:
     await ctx.progress({"step": 1})
-    while not ctx.cancellation_requested:
-        await asyncio.sleep(0.01)
+    await ctx.cancel_event.wait()
     raise asyncio.CancelledError
 
 
