@@ -29,15 +29,27 @@ from typing import Any
 
 import httpx
 import psycopg
-from _common import DSN_HELP, RESULTS_DIR, ServerCpu, announce, bench_database, header, machine, percentile
-from _common import print_table, server_facts, write_report
+from _common import (
+    DSN_HELP,
+    RESULTS_DIR,
+    ServerCpu,
+    announce,
+    bench_database,
+    cpu_seconds,
+    header,
+    machine,
+    percentile,
+    print_table,
+    server_facts,
+    write_report,
+)
 from throughput import APP, run_round
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from testkit import WebServer  # noqa: E402
+from testkit import WebServer
 
-from taskq.backend import Backend  # noqa: E402
-from taskq.tokens import create_token  # noqa: E402
+from taskq.backend import Backend
+from taskq.tokens import create_token
 
 FILL_SQL = """
 INSERT INTO taskq.jobs (id, actor, queue, payload, status, tags, created_at, scheduled_at, started_at, finished_at,
@@ -96,7 +108,7 @@ def latency(dsn: str, requests: int) -> dict[str, dict[str, float]]:
     try:
         with httpx.Client(base_url=web.url + "/api/v1", headers={"Authorization": f"Bearer {token}"},
                           timeout=60) as c:
-            cursors = []
+            cursors: list[str] = []
             page = c.get("/jobs", params={"limit": 50}).json()
             while len(cursors) < 50 and page["next_cursor"]:
                 cursors.append(page["next_cursor"])
@@ -117,6 +129,9 @@ def latency(dsn: str, requests: int) -> dict[str, dict[str, float]]:
     return out
 
 
+DETAIL = "<a job's detail>"
+
+
 class Dashboards:
     """`n` open dashboards: each re-fetches its page every `poll` seconds over its own session."""
 
@@ -124,6 +139,7 @@ class Dashboards:
         self.stop = threading.Event()
         self.fetches = 0
         self.errors: list[BaseException] = []
+        self.job: str | None = None
         self.threads = [threading.Thread(target=self._run, args=(url, token, p, poll), daemon=True) for p in pages]
 
     def _run(self, url: str, token: str, page: str, poll: float) -> None:
@@ -131,7 +147,7 @@ class Dashboards:
             with httpx.Client(base_url=url, timeout=60, follow_redirects=True) as c:
                 c.post("/login", data={"token": token}).raise_for_status()
                 while not self.stop.is_set():
-                    r = c.get(page)
+                    r = self._detail(c, token) if page == DETAIL else c.get(page)
                     r.raise_for_status()
                     assert "<h1>" in r.text and "Log in" not in r.text, r.text[:200]
                     self.fetches += 1
@@ -139,6 +155,16 @@ class Dashboards:
         except BaseException as exc:
             self.errors.append(exc)
             raise
+
+    def _detail(self, c: httpx.Client, token: str) -> httpx.Response:
+        """A tab open on a job's detail. Each drain round replaces the table's jobs, so when its job is
+        gone (404) it opens the newest one, as a user would (the jobs list while there is none)."""
+        r = c.get(f"/jobs/{self.job}") if self.job else None
+        if r is None or r.status_code == 404:
+            found = c.get("/api/v1/jobs", params={"limit": 1}, headers={"Authorization": f"Bearer {token}"}).json()
+            self.job = found["jobs"][0]["id"] if found["jobs"] else None
+            r = c.get(f"/jobs/{self.job}" if self.job else "/jobs")
+        return r
 
     def __enter__(self) -> Dashboards:
         for t in self.threads:
@@ -161,15 +187,16 @@ def drain(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
                             timeout=300.0, py_spy=False)
     rates: dict[int, list[float]] = {0: [], args.dashboards: []}
     fetched: list[int] = []
+    web_cpu: dict[int, list[float]] = {0: [], args.dashboards: []}
     try:
         for r in range(args.rounds):
             for n in (0, args.dashboards):
-                with psycopg.connect(dsn, autocommit=True) as conn:
-                    row = conn.execute("SELECT id FROM taskq.jobs LIMIT 1").fetchone()
-                detail = f"/jobs/{row[0]}" if row else "/jobs"
-                pages = (["/", detail, "/cancellations"] * args.dashboards)[:n]
+                pages = (["/", DETAIL, "/cancellations"] * args.dashboards)[:n]
+                cpu_before = cpu_seconds(web.proc.pid) or 0.0
                 with Dashboards(web.url, token, pages) as boards:
                     result = run_round(dsn, ns, 2, server, f"web-{n}-{r}")
+                # the web process's CPU per second of the drain (its share of the 2 cores)
+                web_cpu[n].append(((cpu_seconds(web.proc.pid) or 0.0) - cpu_before) / float(result["drain_s"]))
                 if n:
                     fetched.append(boards.fetches)
                 rates[n].append(float(result["jobs_per_s"]))
@@ -178,7 +205,8 @@ def drain(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
         web.stop()
     base, loaded = statistics.median(rates[0]), statistics.median(rates[args.dashboards])
     return {"rates": {str(k): v for k, v in rates.items()}, "median_0": base, "median_loaded": loaded,
-            "cost_pct": 100.0 * (base - loaded) / base, "dashboard_fetches": fetched}
+            "cost_pct": 100.0 * (base - loaded) / base, "dashboard_fetches": fetched,
+            "web_cores": {str(k): statistics.median(v) for k, v in web_cpu.items()}}
 
 
 def main() -> None:
@@ -213,7 +241,9 @@ def main() -> None:
         print_table(("open dashboards", "drain jobs/s (median)", "rounds"),
                     [(0, d["median_0"], d["rates"]["0"]),
                      (args.dashboards, d["median_loaded"], d["rates"][str(args.dashboards)])])
-        print(f"cost of {args.dashboards} open dashboards: {d['cost_pct']:.1f} % of drain throughput")
+        print(f"cost of {args.dashboards} open dashboards: {d['cost_pct']:.1f} % of drain throughput (median of the "
+              f"rounds); the web process used {d['web_cores'][str(args.dashboards)]:.3f} cores meanwhile "
+              f"({d['web_cores']['0']:.3f} with none open)")
     path = write_report("web", header("web", params, info, report.get("server", {})) | report, args.json)
     print(f"wrote {path}")
 

@@ -110,8 +110,8 @@ def test_dashboard_in_a_real_browser(
         b.find_element(By.ID, "token").send_keys(token)
         b.find_element(By.ID, "login").click()
         wait_css(b, "#jobs")
-        assert b.get_cookie("taskq_session")["sameSite"] == "Strict"
-        assert b.get_cookie("taskq_session")["httpOnly"] is True
+        cookie = b.get_cookie("taskq_session")
+        assert cookie is not None and cookie["sameSite"] == "Strict" and cookie["httpOnly"] is True
 
         b.get(web.url + "/")
         wait_css(b, "#queues")
