@@ -178,7 +178,9 @@ async def overview(request: Request, who: Principal) -> Response:
     for name, q in sorted(stats["queues"].items()):
         done = [p for p in q["per_minute"] if p["status"] == "succeeded"]
         per_minute = {datetime.fromisoformat(p["minute"]): p["n"] for p in done}
+        p95s = {datetime.fromisoformat(p["minute"]): p["run_p95"] or 0.0 for p in done}
         queues.append({"name": name, **q, "chart": sparkline([per_minute.get(m, 0) for m in minutes]),
+                       "latency_chart": sparkline([p95s.get(m, 0.0) for m in minutes]),
                        "p95": max((p["run_p95"] or 0 for p in done), default=None)})
     cancelling = await reads.cancellations(await st.backend(), who, limit=1000)
     return render(request, "overview.html", who, queues=queues, statuses=list(JobStatus),

@@ -26,6 +26,7 @@ PAGE_PARAMS = ("limit", "cursor")
 DEFAULT_PAGE = 50
 MAX_PAGE = 500
 DETAIL_CHILDREN = 100
+HELD_SHOWN = 20
 
 
 def job_id_of(text: str) -> UUID:
@@ -214,8 +215,13 @@ async def workers(backend: Backend, who: Principal) -> list[dict[str, Any]]:
     """The worker registry; a worker shows when the caller may read one of its queues."""
     if not who.may("workers:read"):
         raise forbidden("workers:read", None)
-    rows = await fetch_all(backend, "workers_list")
-    return [_jsonable(r) for r in rows if any(who.may("workers:read", q) for q in r["queues"])]
+    rows = [r for r in await fetch_all(backend, "workers_list") if any(who.may("workers:read", q) for q in r["queues"])]
+    for r in rows:
+        held = await backend_web.jobs(backend, "worker_held_jobs", {"id": r["id"], "limit": HELD_SHOWN})
+        r["held_jobs"] = [{"id": str(j.id), "actor": j.actor, "cancel_phase": j.cancel_phase,
+                           "lock_expires_at": j.lock_expires_at.isoformat() if j.lock_expires_at else None}
+                          for j in held if who.may("jobs:read", j.queue)]
+    return [_jsonable(r) for r in rows]
 
 
 async def schedules(backend: Backend, who: Principal) -> list[dict[str, Any]]:
