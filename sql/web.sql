@@ -158,7 +158,7 @@ FROM f GROUP BY queue, minute, status ORDER BY queue, minute, status;
 -- name: workers_list
 -- The registry (a small table) with the number of rows each worker holds (jobs_running_lease_idx).
 SELECT w.id, w.host, w.pid, w.queues, w.concurrency, w.started_at, w.last_heartbeat_at, w.lease_expires_at,
-       w.stopping, extract(epoch FROM now() - w.last_heartbeat_at) AS heartbeat_age,
+       w.stopping, extract(epoch FROM now() - w.last_heartbeat_at)::float8 AS heartbeat_age,
        (SELECT count(*) FROM taskq.jobs AS j WHERE j.worker_id = w.id AND j.status = 'running') AS held
 FROM taskq.workers AS w
 ORDER BY w.id;

@@ -57,6 +57,9 @@ async def test_revision_follows_changes_of_the_row_but_not_heartbeats(dsn: str, 
             await wait_for(lambda: query(dsn, "SELECT last_heartbeat_at > %s + interval '0.5 s' FROM taskq.workers"
                                               " WHERE id = %s", beats, worker.worker_id)[0][0])
             assert revision(dsn, jid) == 3  # several heartbeats later: unchanged
+            (seen,) = (await api.get("/workers")).json()["workers"]
+            assert seen["id"] == worker.worker_id and seen["held"] == 1 and 0 <= seen["heartbeat_age"] < 5
+            assert [h["id"] for h in seen["held_jobs"]] == [str(jid)]
             cancel = await api.post(f"/jobs/{jid}:cancel", json={"expected_revision": 3, "reason": "enough"})
             assert cancel.status_code == 202, cancel.text
             assert cancel.json()["job"]["cancel_phase"] == 1 and cancel.json()["job"]["revision"] == 4
