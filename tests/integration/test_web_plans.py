@@ -51,10 +51,8 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
 
 
 @pytest.fixture(scope="module")
-def big_dsn(admin_dsn: str, template_db: str) -> Iterator[str]:
-    from conftest import _create_db, _drop_db
-
-    name, dsn = _create_db(admin_dsn, template_db)
+def big_dsn(module_dsn: str) -> str:
+    dsn = module_dsn
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("""
             INSERT INTO taskq.jobs (actor, queue, payload, status, tags, created_at, scheduled_at, started_at,
@@ -84,10 +82,7 @@ def big_dsn(admin_dsn: str, template_db: str) -> Iterator[str]:
         conn.execute("INSERT INTO taskq.workers (id, host, pid, queues, concurrency) "
                      "SELECT 'w' || i, 'h', i, '{q1}', 10 FROM generate_series(0, 3) AS i")
         conn.execute("ANALYZE")
-    try:
-        yield dsn
-    finally:
-        _drop_db(admin_dsn, name)
+    return dsn
 
 
 def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:

@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 import httpx
-from conftest import APPS
 from testkit import _free_port, query, wait_until
+
+APPS = str(Path(__file__).resolve().parents[1] / "apps")
 
 
 def _listening(port: int) -> bool:
