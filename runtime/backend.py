@@ -275,6 +275,7 @@ class InsertedJob:
                 requeue_count=0,
                 snooze_count=0,
                 idempotent=opts.idempotent,
+                revision=1,
             )
         )
 

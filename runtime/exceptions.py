@@ -135,3 +135,14 @@ class ScheduleNotFound(TaskqError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "schedule not found"
+
+
+class TokenNotFound(TaskqError, KeyError):
+    """No API token has that name (`taskq tokens revoke` of a name the database does not know)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "token not found"
+
+
+class TokenExists(TaskqError):
+    """`taskq tokens create NAME` of a name already taken (revoked tokens keep their name)."""

@@ -105,6 +105,8 @@ class JobRow(BaseModel):
     """The schedule that made this job, if one did."""
     scheduled_for: datetime | None = None
     """Its nominal slot time (a trigger's own instant)."""
+    revision: int = 1
+    """Rises with every change to the row (status, cancel phase, progress, requeue); never with a heartbeat."""
 
     @property
     def is_terminal(self) -> bool:

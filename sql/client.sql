@@ -148,6 +148,7 @@ WITH target AS (
     SELECT id, status AS prev FROM taskq.jobs WHERE id = %(id)s FOR UPDATE
 ), upd AS (
     UPDATE taskq.jobs AS j SET
+        revision = j.revision + 1,
         status = CASE WHEN t.prev = 'running' THEN j.status ELSE 'cancelled' END,
         cancel_phase = CASE WHEN t.prev = 'running' THEN greatest(j.cancel_phase, 1) ELSE j.cancel_phase END,
         cancel_requested_at = now(),
@@ -191,6 +192,7 @@ WITH target AS (
     FOR UPDATE
 ), upd AS (
     UPDATE taskq.jobs AS j SET
+        revision = j.revision + 1,
         status = CASE WHEN t.prev = 'running' THEN j.status ELSE 'cancelled' END,
         cancel_phase = CASE WHEN t.prev = 'running' THEN greatest(j.cancel_phase, 1) ELSE j.cancel_phase END,
         cancel_requested_at = now(),
@@ -290,6 +292,7 @@ WITH target AS (
     LIMIT 1
 ), upd AS (
     UPDATE taskq.jobs AS j SET
+        revision = j.revision + 1,
         status = 'pending',
         scheduled_at = now(),
         max_attempts = least(j.attempt::bigint + coalesce(%(attempts)s::int, b.max_attempts, j.max_attempts),
@@ -355,6 +358,7 @@ WITH target AS (
     FROM ext AS e
 ), upd AS (
     UPDATE taskq.jobs AS j SET
+        revision = j.revision + 1,
         status = 'pending',
         scheduled_at = now(),
         max_attempts = least(j.attempt::bigint + coalesce(%(attempts)s::int, b.max_attempts, j.max_attempts),

@@ -38,7 +38,7 @@ GRANT INSERT (id, actor, queue, payload, status, priority, tags, max_attempts, s
 -- a non-idempotent actor enqueued by name
 GRANT UPDATE (status, attempt, claim_epoch, worker_id, lock_expires_at, started_at, finished_at,
               scheduled_at, cancel_phase, result, error_class, error_message, interrupt_count, progress,
-              max_attempts, snooze_count, idempotent)
+              max_attempts, snooze_count, idempotent, revision)
     ON taskq.jobs TO :"worker_role";
 GRANT SELECT, INSERT ON taskq.job_events TO :"worker_role";
 GRANT SELECT, INSERT, UPDATE ON taskq.job_attempts TO :"worker_role";
@@ -64,8 +64,15 @@ GRANT INSERT (id, actor, queue, payload, status, priority, tags, max_attempts, s
               schedule, scheduled_for)
     ON taskq.jobs TO :"client_role";
 GRANT UPDATE (status, cancel_phase, cancel_requested_at, cancel_reason, error_class, finished_at,
-              scheduled_at, max_attempts, requeue_count, started_at, worker_id, error_message, schedule_to_close)
+              scheduled_at, max_attempts, requeue_count, started_at, worker_id, error_message, schedule_to_close,
+              revision)
     ON taskq.jobs TO :"client_role";
+-- the web API and dashboard (`taskq web`, run as the client role; `taskq tokens` too): token checks and
+-- management, idempotency receipts, the audit log (appended to, never rewritten)
+GRANT SELECT, INSERT, UPDATE (last_used_at, revoked_at) ON taskq.api_tokens TO :"client_role";
+GRANT SELECT, INSERT, UPDATE (status, body), DELETE ON taskq.operator_requests TO :"client_role";
+GRANT SELECT, INSERT ON taskq.operator_audit TO :"client_role";
+-- (the dashboard's workers page reads taskq.workers, which the client role may not: see docs/web.md)
 GRANT SELECT, INSERT ON taskq.job_events TO :"client_role";
 GRANT SELECT ON taskq.job_attempts TO :"client_role";
 GRANT SELECT ON taskq.schema_migrations TO :"client_role";

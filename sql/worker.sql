@@ -55,6 +55,7 @@ WITH picked AS (
     LIMIT %(limit)s
 ), claimed AS (
     UPDATE taskq.jobs AS j SET
+        revision = j.revision + 1,
         status = 'running',
         attempt = j.attempt + 1,
         claim_epoch = j.claim_epoch + 1,
@@ -106,7 +107,7 @@ WHERE worker_id = %(worker_id)s AND status = 'running' AND cancel_requested_at I
 -- example after a long freeze, and its lease losses may be gone with it): check every row we think we
 -- hold, renew the lock of each one still ours (fenced on claim_epoch), and return its cancel flags.
 -- A row missing from the result is lost.
-UPDATE taskq.jobs AS j SET lock_expires_at = now() + %(lock_timeout)s::float8 * interval '1 second'
+UPDATE taskq.jobs AS j SET revision = j.revision + 1, lock_expires_at = now() + %(lock_timeout)s::float8 * interval '1 second'
 FROM unnest(%(ids)b::uuid[], %(epochs)b::bigint[]) AS h(id, epoch)
 WHERE j.id = h.id AND j.claim_epoch = h.epoch AND j.status = 'running' AND j.worker_id = %(worker_id)s
 RETURNING j.id, j.claim_epoch, j.cancel_phase;
@@ -132,6 +133,7 @@ WITH i AS (
     -- the cancel request is read from the locked row (not from the statement's snapshot), so a request
     -- that commits while this statement waits for the row lock is honoured too
     UPDATE taskq.jobs AS j SET
+        revision = j.revision + 1,
         status = CASE WHEN i.status = 'scheduled' AND j.cancel_requested_at IS NOT NULL THEN 'cancelled'
                       ELSE i.status END,
         result = CASE WHEN i.status = 'succeeded' THEN i.result ELSE j.result END,
@@ -208,6 +210,7 @@ WITH i AS (
     WHERE coalesce(j.status, '') = 'running' AND j.attempt = i.attempt AND j.claim_epoch = i.epoch
 ), upd AS (
     UPDATE taskq.jobs AS j SET
+        revision = j.revision + 1,
         status = v.status,
         interrupt_count = j.interrupt_count + CASE WHEN v.status IN ('pending', 'scheduled') THEN 1 ELSE 0 END,
         worker_id = CASE WHEN v.status IN ('pending', 'scheduled') THEN NULL ELSE j.worker_id END,
@@ -255,20 +258,20 @@ SELECT u.id, u.status FROM upd AS u;
 -- Before the first run of an `@actor(idempotent=False)` whose row does not say so (it was enqueued by
 -- name): record it, fenced, so that any reclaimer (which may not know the actor) ends it crashed rather
 -- than retry it. No row: the attempt no longer holds the job and must not run.
-UPDATE taskq.jobs SET idempotent = false
+UPDATE taskq.jobs SET revision = revision + 1, idempotent = false
 WHERE id = %(id)s AND status = 'running' AND attempt = %(attempt)s AND claim_epoch = %(epoch)s
 RETURNING id;
 
 -- name: job_progress
 -- coalesce: by primary key, never a scan of jobs_running_lease_idx (see job_finish_batch)
-UPDATE taskq.jobs SET progress = %(progress)s::jsonb
+UPDATE taskq.jobs SET revision = revision + 1, progress = %(progress)s::jsonb
 WHERE id = %(id)s AND coalesce(status, '') = 'running' AND attempt = %(attempt)s AND claim_epoch = %(epoch)s
 RETURNING id;
 
 -- name: job_cancel_escalate
 -- CANCEL_ESCALATION_SQL (spec §3): phase 1 -> 2 on a row we hold, with its event; rowcount 0 = skip.
 WITH upd AS (
-    UPDATE taskq.jobs SET cancel_phase = 2
+    UPDATE taskq.jobs SET revision = revision + 1, cancel_phase = 2
     -- coalesce: by primary key, never a scan of jobs_running_lease_idx (see job_finish_batch)
     WHERE id = %(id)s AND coalesce(status, '') = 'running' AND attempt = %(attempt)s AND claim_epoch = %(epoch)s
       AND cancel_phase = 1
@@ -325,6 +328,7 @@ WITH expired AS (
     LEFT JOIN taskq.workers AS w ON w.id = j.worker_id
 ), upd AS (
     UPDATE taskq.jobs AS j SET
+        revision = j.revision + 1,
         status = v.status,
         worker_id = CASE WHEN v.status = 'scheduled' THEN NULL ELSE j.worker_id END,
         lock_expires_at = NULL,
@@ -367,7 +371,7 @@ WITH late AS (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), upd AS (
-    UPDATE taskq.jobs AS j SET status = 'failed', finished_at = now(), error_class = 'DeadlineExceeded',
+    UPDATE taskq.jobs AS j SET revision = j.revision + 1, status = 'failed', finished_at = now(), error_class = 'DeadlineExceeded',
         error_message = 'schedule_to_close passed before the job could finish'
     FROM late AS l WHERE j.id = l.id
     RETURNING j.id, l.prev, j.attempt

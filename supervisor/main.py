@@ -52,6 +52,32 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number (0-65535), got {value}")
+    return value
+
+
+def start_web(dsn: str, host: str, port: int) -> subprocess.Popen[bytes]:
+    """`taskq web` beside the supervisor, as a child of its own (the DSN in its environment, never on its
+    command line). It is stopped with the supervisor; if it dies it is not restarted (its exit is logged
+    when the supervisor stops)."""
+    env = os.environ | {"TASKQ_DSN": dsn}
+    return subprocess.Popen([sys.executable, *_interpreter_flags(), "-m", "taskq.cli", "web", "--host", host,
+                             "--port", str(port)], env=env)
+
+
+def stop_web(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout)
+
+
 def _seconds(text: str) -> float:
     value = float(text)
     if not value >= 0 or value == float("inf"):
@@ -102,6 +128,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                             "so SIGHUP (rolling restart) loads new code")
     group.add_argument("--no-metrics", dest="supervisor_metrics", action="store_false", default=True,
                        help="do not serve /metrics, /healthz, /readyz")
+    group.add_argument("--web-port", dest="web_port", type=_port, default=None, metavar="PORT",
+                       help="also serve the dashboard and /api/v1 (`taskq web`, bearer-token auth) on this port "
+                            "from this host; needs the web extra")
+    group.add_argument("--web-host", dest="web_host", default="127.0.0.1",
+                       help="address of --web-port (default 127.0.0.1)")
     taken = getattr(parser, "_option_string_actions", {})
     add_settings_flags(parser, skip=("dsn",) if "--dsn" in taken else ())
 
@@ -137,7 +168,7 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
-def _reexec(options: SupervisorOptions, settings: dict[str, str]) -> int:
+def _reexec(options: SupervisorOptions, settings: dict[str, str], web: list[str]) -> int:
     """Start over in a fresh interpreter whose metrics are in multiprocess mode (see metrics_http).
     Settings travel in the environment, so no DSN or password is ever put on the new command line."""
     if os.environ.get(ENV_REEXEC) == "1":
@@ -155,6 +186,7 @@ def _reexec(options: SupervisorOptions, settings: dict[str, str]) -> int:
         argv.append("--no-preload")
     if not options.metrics:
         argv.append("--no-metrics")
+    argv += web
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, argv, env)
@@ -180,7 +212,9 @@ def supervisor_command(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         return _fail(describe_validation_error(exc), exitcodes.USAGE)
     if not multiprocess_ready():
-        return _reexec(options, raw)
+        web_args = ([] if getattr(args, "web_port", None) is None
+                    else ["--web-port", str(args.web_port), "--web-host", args.web_host])
+        return _reexec(options, raw, web_args)
     os.environ.pop(ENV_REEXEC, None)
     configure_logging()
     inherited = inherited_fds()
@@ -203,7 +237,13 @@ def supervisor_command(args: argparse.Namespace) -> int:
         except OSError as exc:
             return _fail(f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: "
                          f"{exc.strerror or exc} (set --metrics-port; 0 picks a free port)", exitcodes.USAGE)
-        return supervisor.run()
+        web_port = getattr(args, "web_port", None)
+        web = start_web(dsn, args.web_host, web_port) if web_port is not None else None
+        try:
+            return supervisor.run()
+        finally:
+            if web is not None:
+                stop_web(web)
     finally:
         remove_metrics_dir()
 

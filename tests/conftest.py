@@ -102,6 +102,16 @@ def dsn(admin_dsn: str, template_db: str) -> Iterator[str]:
     _drop_db(admin_dsn, name)
 
 
+@pytest.fixture(scope="module")
+def module_dsn(admin_dsn: str, template_db: str) -> Iterator[str]:
+    """A migrated database shared by the tests of one module (for seed data too costly to make per test)."""
+    name, test_dsn = _create_db(admin_dsn, template_db)
+    try:
+        yield test_dsn
+    finally:
+        _drop_db(admin_dsn, name)
+
+
 @pytest.fixture
 def empty_dsn(admin_dsn: str) -> Iterator[str]:
     """A fresh database with no taskq schema at all."""

@@ -194,3 +194,38 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+class WebServer:
+    """A real `taskq web` process on a free loopback port, for the API and browser tests."""
+
+    def __init__(self, dsn: str, *args: str, log_path: Path | None = None) -> None:
+        import sys
+
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        env = {**os.environ, "TASKQ_DSN": dsn}
+        command = [sys.executable, "-m", "taskq.cli", "web", "--port", str(self.port), *args]
+        if log_path is not None:
+            with open(log_path, "wb") as out:  # the child keeps its own copy of the descriptor
+                self.proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        else:
+            self.proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        wait_until(self._up, timeout=30)
+
+    def _up(self) -> bool:
+        if self.proc.poll() is not None:
+            log = self.log_path.read_text() if self.log_path is not None else ""
+            raise AssertionError(f"taskq web exited with {self.proc.returncode}: {log}")
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", self.port)) == 0
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)

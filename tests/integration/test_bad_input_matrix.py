@@ -6,7 +6,8 @@ seeded with jobs in another queue, and checked three ways: the outcome, the mess
 CLI, never the password every DSN here carries), and that nothing stored was lost or changed (row
 counts and checksums of the seeded jobs, their events and attempts, and the migrations table).
 
-More detailed tests of the same areas live in test_client_bad_input.py and test_cli.py; this table
+More detailed tests of the same areas live in test_client_bad_input.py and test_cli.py (the web API's
+bad requests: BAD_REQUESTS in test_web_api.py, each against a real server); this table
 is the overview. Print it with its observed outcomes: `pytest tests/integration/test_bad_input_matrix.py
 -v` (the table follows the results), or list the cases: `python tests/integration/test_bad_input_matrix.py`.
 """
@@ -403,6 +404,20 @@ CASES: list[Case] = [
          lambda e: cli(e, "enqueue", "a.b", "--payload", "@" + write_bytes(e, "p.json", b'{"k": "\xff\xfe"}'))),
     Case("cli-payload-nan", "cli", "--payload '{\"v\": NaN}'", "exit 2", "not valid JSON",
          lambda e: cli(e, "enqueue", "a.b", "--payload", '{"v": NaN}')),
+    Case("cli-token-unknown-action", "cli", "tokens create --grant jobs:destroy@*", "exit 2", "unknown action",
+         lambda e: cli(e, "tokens", "create", "ops", "--grant", "jobs:destroy@*")),
+    Case("cli-token-grant-without-queue", "cli", "tokens create --grant jobs:read", "exit 2", "ACTION@QUEUE-PATTERN",
+         lambda e: cli(e, "tokens", "create", "ops", "--grant", "jobs:read")),
+    Case("cli-token-bad-name", "cli", "tokens create 'a b'", "exit 2", "a token name is",
+         lambda e: cli(e, "tokens", "create", "a b", "--grant", "jobs:read@*")),
+    Case("cli-token-no-grant", "cli", "tokens create NAME without --grant", "exit 2", "at least one --grant",
+         lambda e: cli(e, "tokens", "create", "ops")),
+    Case("cli-token-revoke-unknown", "cli", "tokens revoke of a name nobody has", "exit 4", "no token named",
+         lambda e: cli(e, "tokens", "revoke", "nobody")),
+    Case("cli-web-no-auth-off-loopback", "cli", "web --host 0.0.0.0 --no-auth", "exit 2",
+         "refusing to serve without auth", lambda e: cli(e, "web", "--host", "0.0.0.0", "--no-auth")),
+    Case("cli-web-bad-port", "cli", "web --port 70000", "exit 2", "--port",
+         lambda e: cli(e, "web", "--port", "70000")),
     Case("cli-payload-oversized", "cli", "2 MiB payload on stdin", "exit 2", "over the limit",
          lambda e: cli(e, "enqueue", "a.b", "--payload", "-", stdin='"' + "y" * 2 * 1024 * 1024 + '"')),
     Case("cli-tag-not-utf8", "cli", "--tag of bytes that are not UTF-8", "exit 2", "valid Unicode",

@@ -16,7 +16,10 @@ from taskq.client import JobsClient
 from taskq.exceptions import MigrationError, SchemaNotReady, SchemaTooNew
 from taskq.migrations import migrate, migrate_dsn
 
-EXPECTED_TABLES = {"jobs", "job_events", "job_attempts", "workers", "lease_losses", "schema_migrations", "schedules"}
+EXPECTED_TABLES = {
+    "jobs", "job_events", "job_attempts", "workers", "lease_losses", "schema_migrations", "schedules",
+    "api_tokens", "operator_requests", "operator_audit",
+}
 
 
 @pytest.fixture

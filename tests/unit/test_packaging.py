@@ -81,7 +81,7 @@ def test_py_typed_and_sql_files_are_shipped_as_package_data() -> None:
 
 
 _IMPORT_PROBE = r"""
-import json, os, threading
+import json, os, sys, threading
 
 def sockets():
     n = 0
@@ -96,7 +96,11 @@ threads_before = threading.active_count()
 sockets_before = sockets()
 import taskq
 import taskq.backend, taskq.client, taskq.migrations, taskq.models, taskq.actors, taskq.sql
+import taskq.cli, taskq.tokens, taskq.backend_web
 print(json.dumps({
+    "optional": sorted(m for m in sys.modules if m.split(".")[0] in ("starlette", "jinja2", "uvicorn", "httpx",
+                                                                     "multipart", "python_multipart", "taskq")
+                       and not (m == "taskq" or m.startswith("taskq.") and not m.startswith("taskq.web"))),
     "threads": [threads_before, threading.active_count()],
     "sockets": [sockets_before, sockets()],
     "os_threads": os.listdir(f"/proc/{os.getpid()}/task"),
@@ -123,3 +127,16 @@ def test_importing_taskq_opens_no_connection_and_starts_no_thread(tmp_path: Path
     assert len(report["os_threads"]) == 1, "importing taskq started an OS thread"
     assert sockets_after == sockets_before, "importing taskq opened a socket"
     assert report["data_dir"] == [], "importing taskq touched the embedded server's data dir"
+    assert report["optional"] == [], "importing taskq (or its CLI) imported the web extra"
+
+
+def test_the_web_package_ships_its_templates_and_htmx_with_its_licence() -> None:
+    config = _setuptools()
+    assert "taskq.web" in config["packages"]
+    web = resources.files("taskq.web")
+    for name in ("templates/base.html", "templates/job.html", "static/htmx.min.js", "static/htmx.LICENSE",
+                 "static/taskq.css"):
+        assert web.joinpath(name).is_file(), name
+    with open(REPO / "pyproject.toml", "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    assert {d.split(">")[0].split("[")[0] for d in extras["web"]} >= {"starlette", "jinja2", "uvicorn"}

@@ -1,0 +1,279 @@
+"""The operator writes of the web API and the dashboard, framework-free: each wraps the one service
+function of its action (taskq.operations, taskq.schedule_admin, the client's enqueue checks) in ONE
+transaction with the permission check, the idempotency receipt, the `expected_revision` check and the
+audit rows, so that all of them commit together or not at all.
+
+Receipts (Idempotency-Key): the receipt row is the transaction's first write; a duplicate in flight
+waits on its primary key, then replays the stored status and body. Only answers decided inside the
+transaction are stored (200, 201, 202, 409 STATE_CONFLICT); a 400/401/403/404 rolls everything back,
+receipt included, so the same key can be sent again once the request is fixed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from psycopg.types.json import Jsonb
+
+from taskq import operations, schedule_admin
+from taskq.actors.declaration import ActorRegistry
+from taskq.backend import Backend, JobInsert
+from taskq.backend_web import AuditEntry, Tx, audit, fetch_all, fetch_one, jobs, transaction
+from taskq.exceptions import ScheduleNotFound
+from taskq.models import JobFilter, JobRow, JobStatus
+from taskq.tokens import Principal
+from taskq.web.problems import Problem, forbidden, not_found, problem_body
+
+BULK_LIMIT = 1000
+CANCELLABLE = (JobStatus.PENDING, JobStatus.SCHEDULED, JobStatus.RUNNING)
+REQUEUEABLE = (JobStatus.FAILED, JobStatus.CRASHED, JobStatus.ABANDONED)
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who asks, and the request's identity: its id (X-Request-Id or made up) and Idempotency-Key."""
+
+    principal: Principal
+    request_id: str
+    idempotency_key: str | None = None
+
+    def entry(self, action: str, **fields: Any) -> AuditEntry:
+        return AuditEntry(principal=self.principal.name, action=action, request_id=self.request_id,
+                          idempotency_key=self.idempotency_key, **fields)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """An answer decided in the transaction: status and JSON body (a problem body for a 409)."""
+
+    status: int
+    body: dict[str, Any]
+    replayed: bool = False
+
+    @property
+    def is_problem(self) -> bool:
+        return self.status >= 400
+
+
+def fingerprint(method: str, path: str, body: Any) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(f"{method} {path}\n{canonical}".encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def job_json(row: JobRow) -> dict[str, Any]:
+    return row.model_dump(mode="json")
+
+
+async def run_write(
+    backend: Backend, caller: Caller, request_fingerprint: str, body: Callable[[Tx], Awaitable[Outcome]]
+) -> Outcome:
+    """Run `body` in one transaction, behind the caller's idempotency receipt when it sent a key."""
+    async with transaction(backend) as tx:
+        key = caller.idempotency_key
+        if key is None:
+            return await body(tx)
+        who = {"principal": caller.principal.name, "key": key}
+        claimed = await fetch_one(tx.conn, "receipt_claim", who | {"fingerprint": request_fingerprint})
+        if claimed is None:
+            first = await fetch_one(tx.conn, "receipt_get", who)
+            assert first is not None and first["status"] is not None  # the first request committed
+            if first["fingerprint"] != request_fingerprint:
+                raise Problem(422, "IDEMPOTENCY_KEY_REUSED",
+                              "this Idempotency-Key was used with a different request; use a new key")
+            return Outcome(int(first["status"]), first["body"], replayed=True)
+        outcome = await body(tx)
+        await fetch_all(tx.conn, "receipt_store", who | {"status": outcome.status, "body": Jsonb(outcome.body)})
+        return outcome
+
+
+async def _locked(tx: Tx, job_id: UUID) -> JobRow:
+    rows = await jobs(tx.conn, "job_lock", {"id": job_id})
+    if not rows:
+        raise not_found(f"job {job_id}")
+    return rows[0]
+
+
+def _conflict(detail: str, row: JobRow, **extra: Any) -> Outcome:
+    return Outcome(409, problem_body(409, "STATE_CONFLICT", detail, job=job_json(row), **extra))
+
+
+async def _revision_conflict(tx: Tx, caller: Caller, action: str, row: JobRow, expected: int | None,
+                             reason: str | None) -> Outcome | None:
+    if expected is None or expected == row.revision:
+        return None
+    await audit(tx.conn, caller.entry(action, reason=reason, expected_revision=expected),
+                [(row.id, row.queue, row.revision, "conflict")])
+    return _conflict(f"the job is at revision {row.revision}, not {expected}: read it again and decide anew", row)
+
+
+async def cancel(
+    backend: Backend, caller: Caller, job_id: UUID, *, reason: str | None, expected_revision: int | None,
+    request_fingerprint: str,
+) -> Outcome:
+    """200 with the cancelled row (it was pending or scheduled); 202 with the row (running: the request
+    is durably stored and cancel_phase is 1, which does not mean the job has stopped); 409 STATE_CONFLICT
+    with the row (it is finished, a cancel is already in flight, or `expected_revision` is stale)."""
+
+    async def body(tx: Tx) -> Outcome:
+        row = await _locked(tx, job_id)
+        if not caller.principal.may("jobs:cancel", row.queue):
+            raise forbidden("jobs:cancel", row.queue)
+        stale = await _revision_conflict(tx, caller, "jobs:cancel", row, expected_revision, reason)
+        if stale is not None:
+            return stale
+        result = await operations.cancel_job(tx.backend, job_id, reason)
+        after = await _locked(tx, job_id)
+        entry = caller.entry("jobs:cancel", reason=reason, expected_revision=expected_revision)
+        if not result.cancellation_initiated:
+            await audit(tx.conn, entry, [(job_id, after.queue, after.revision, "conflict")])
+            why = "a cancel is already in flight" if after.status == JobStatus.RUNNING else f"it is {after.status}"
+            return _conflict(f"the job cannot be cancelled: {why}", after)
+        running = after.status == JobStatus.RUNNING
+        await audit(tx.conn, entry, [(job_id, after.queue, after.revision,
+                                      "cancel_requested" if running else "cancelled")])
+        return Outcome(202 if running else 200, {"job": job_json(after), "previous_status": result.previous_status})
+
+    return await run_write(backend, caller, request_fingerprint, body)
+
+
+async def requeue(
+    backend: Backend, caller: Caller, job_id: UUID, *, reason: str | None, attempts: int | None,
+    expected_revision: int | None, registry: ActorRegistry, request_fingerprint: str,
+) -> Outcome:
+    """200 with the requeued row (it was failed, crashed or abandoned); 409 STATE_CONFLICT with the row
+    otherwise (or when another job holds its unique key: `conflict_job_id`)."""
+
+    async def body(tx: Tx) -> Outcome:
+        row = await _locked(tx, job_id)
+        if not caller.principal.may("jobs:requeue", row.queue):
+            raise forbidden("jobs:requeue", row.queue)
+        stale = await _revision_conflict(tx, caller, "jobs:requeue", row, expected_revision, reason)
+        if stale is not None:
+            return stale
+        result = await operations.requeue_job(tx.backend, job_id, reason=reason, attempts=attempts,
+                                              registry=registry)
+        after = await _locked(tx, job_id)
+        entry = caller.entry("jobs:requeue", reason=reason, expected_revision=expected_revision)
+        if not result.requeued:
+            await audit(tx.conn, entry, [(job_id, after.queue, after.revision, "conflict")])
+            if result.conflict_job_id is not None:
+                return _conflict(f"job {result.conflict_job_id} holds this job's unique key", after,
+                                 conflict_job_id=str(result.conflict_job_id))
+            return _conflict(f"only failed, crashed or abandoned jobs can be requeued; it is {after.status}", after)
+        await audit(tx.conn, entry, [(job_id, after.queue, after.revision, "requeued")])
+        return Outcome(200, {"job": job_json(after), "previous_status": result.previous_status})
+
+    return await run_write(backend, caller, request_fingerprint, body)
+
+
+async def enqueue(backend: Backend, caller: Caller, job: JobInsert, *, request_fingerprint: str) -> Outcome:
+    """201 with the new row (200 with the holder's row when its unique key is held: nothing written)."""
+    if not caller.principal.may("jobs:enqueue", job.options.queue):
+        raise forbidden("jobs:enqueue", job.options.queue)
+
+    async def body(tx: Tx) -> Outcome:
+        inserted = await tx.backend.job_insert_deferred(job, conn=tx.conn)
+        row = inserted.row()
+        await audit(tx.conn, caller.entry("jobs:enqueue"),
+                    [(row.id, row.queue, row.revision, "enqueued" if inserted.created else "unique_key_held")])
+        return Outcome(201 if inserted.created else 200, {"job": job_json(row), "created": inserted.created})
+
+    return await run_write(backend, caller, request_fingerprint, body)
+
+
+async def _bulk_targets(tx: Tx, caller: Caller, action: str, flt: JobFilter, actionable: tuple[JobStatus, ...],
+                        limit: int) -> tuple[list[JobRow], bool]:
+    """The first `limit` matching jobs the caller may act on and read, newest first, and whether more match."""
+    statuses = [s for s in (flt.status_list() or actionable) if s in actionable]
+    allowed = caller.principal.readable(action)
+    readable = caller.principal.readable("jobs:read")
+    params = {
+        "statuses": statuses, "queues": list(flt.queues) if flt.queues else None,
+        "actors": list(flt.actors) if flt.actors else None, "tags": list(flt.tags) if flt.tags else None,
+        "parent_id": None, "created_after": flt.created_after, "created_before": flt.created_before,
+        "readable": None, "uncancelled": action == "jobs:cancel", "after_at": None, "after_id": None,
+        "limit": limit + 1,
+    }
+    if not statuses:
+        return [], False
+    rows = await jobs(tx.conn, "job_page", params)
+    more = len(rows) > limit
+    permitted = [r for r in rows[:limit] if (allowed is None or caller.principal.may(action, r.queue))
+                 and (readable is None or caller.principal.may("jobs:read", r.queue))]
+    return permitted, more
+
+
+async def bulk_cancel(backend: Backend, caller: Caller, flt: JobFilter, *, reason: str | None, limit: int,
+                      request_fingerprint: str) -> Outcome:
+    """Cancel at most `limit` matching unfinished jobs (newest first) in one transaction; the counts say
+    how many by previous status, and `more` whether matching jobs were left for another call."""
+
+    async def body(tx: Tx) -> Outcome:
+        targets, more = await _bulk_targets(tx, caller, "jobs:cancel", flt, CANCELLABLE, limit)
+        if not targets:
+            return Outcome(200, {"matched": 0, "by_previous_status": {}, "job_ids": [], "more": more})
+        result = await operations.cancel_jobs_where(tx.backend, JobFilter(ids=tuple(r.id for r in targets)),
+                                                    reason, batch_size=len(targets))
+        after = await tx.backend.job_list(JobFilter(ids=result.job_ids), limit=max(1, len(result.job_ids)))
+        await audit(tx.conn, caller.entry("jobs:cancel", reason=reason, detail={"bulk": True}),
+                    [(r.id, r.queue, r.revision, "cancel_requested" if r.status == JobStatus.RUNNING else "cancelled")
+                     for r in after])
+        return Outcome(200, {"matched": len(targets), "by_previous_status": result.by_previous_status,
+                             "job_ids": [str(i) for i in result.job_ids], "more": more})
+
+    return await run_write(backend, caller, request_fingerprint, body)
+
+
+async def bulk_requeue(backend: Backend, caller: Caller, flt: JobFilter, *, reason: str | None,
+                       attempts: int | None, limit: int, registry: ActorRegistry,
+                       request_fingerprint: str) -> Outcome:
+    """Requeue at most `limit` matching failed, crashed or abandoned jobs in one transaction."""
+
+    async def body(tx: Tx) -> Outcome:
+        targets, more = await _bulk_targets(tx, caller, "jobs:requeue", flt, REQUEUEABLE, limit)
+        if not targets:
+            return Outcome(200, {"matched": 0, "by_previous_status": {}, "job_ids": [], "conflicts": {},
+                                 "more": more})
+        result = await operations.requeue_jobs_where(
+            tx.backend, JobFilter(ids=tuple(r.id for r in targets)), reason=reason, attempts=attempts,
+            registry=registry, batch_size=len(targets))
+        after = await tx.backend.job_list(JobFilter(ids=result.job_ids), limit=max(1, len(result.job_ids)))
+        await audit(tx.conn, caller.entry("jobs:requeue", reason=reason, detail={"bulk": True}),
+                    [(r.id, r.queue, r.revision, "requeued") for r in after])
+        return Outcome(200, {"matched": len(targets), "by_previous_status": result.by_previous_status,
+                             "job_ids": [str(i) for i in result.job_ids],
+                             "conflicts": {str(k): str(v) for k, v in result.conflicts.items()}, "more": more})
+
+    return await run_write(backend, caller, request_fingerprint, body)
+
+
+async def schedule_action(backend: Backend, caller: Caller, name: str, verb: str, *,
+                          request_fingerprint: str) -> Outcome:
+    """pause, resume or trigger one schedule (schedules:write on its queue)."""
+
+    async def body(tx: Tx) -> Outcome:
+        try:
+            info = await schedule_admin.get_schedule(tx.backend, name)
+        except ScheduleNotFound:
+            raise not_found(f"schedule named {name!r}") from None
+        if not caller.principal.may("schedules:write", info.queue):
+            raise forbidden("schedules:write", info.queue)
+        entry = caller.entry(f"schedules:{verb}", schedule=name)
+        if verb == "trigger":
+            made = await schedule_admin.trigger_schedule(tx.backend, name)
+            await audit(tx.conn, entry, [(made.job_id, info.queue, 1, "triggered")])
+            return Outcome(200, made.model_dump(mode="json"))
+        if verb == "pause":
+            done = await schedule_admin.pause_schedule(tx.backend, name, by=caller.principal.name)
+        else:
+            done = await schedule_admin.resume_schedule(tx.backend, name)
+        await audit(tx.conn, entry, [(None, info.queue, None, ("paused" if done.paused else "resumed")
+                                      if done.changed else "unchanged")])
+        return Outcome(200, done.model_dump(mode="json"))
+
+    return await run_write(backend, caller, request_fingerprint, body)

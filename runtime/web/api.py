@@ -1,0 +1,435 @@
+"""The JSON API under /api/v1 (Starlette routes): bearer auth, problem+json errors, request ids,
+Idempotency-Key and expected_revision (If-Match) on the writes. The work is in taskq.web.reads and
+taskq.web.actions; this module only speaks HTTP."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from taskq.actors.declaration import default_registry
+from taskq.client import DEFAULT_MAX_PAYLOAD_BYTES, prepare_insert
+from taskq.exceptions import ConfigurationError, DatabaseUnavailable, PayloadInvalid
+from taskq.tokens import Principal
+from taskq.web import actions, reads
+from taskq.web.actions import BULK_LIMIT, Caller, Outcome
+from taskq.web.problems import PROBLEM_TYPE, Problem, bad_request, forbidden, problem_body
+from taskq.web.state import WebState
+
+log = logging.getLogger("taskq.web")
+
+_REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,200}$")
+_KEY = re.compile(r'^"?([\x21\x23-\x7e]{1,255})"?$')
+_IF_MATCH = re.compile(r'^(?:W/)?"?(\d{1,18})"?$')
+
+
+# -- bodies --------------------------------------------------------------------------------------------
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+M = TypeVar("M", bound=_Body)
+
+
+class CancelBody(_Body):
+    reason: str | None = Field(default=None, max_length=10_000)
+    expected_revision: int | None = Field(default=None, ge=1)
+
+
+class RequeueBody(CancelBody):
+    attempts: int | None = Field(default=None, ge=1, le=1_000_000)
+
+
+class EnqueueBody(_Body):
+    actor: str
+    payload: Any = None
+    queue: str | None = None
+    priority: int | None = None
+    tags: list[str] = []
+    scheduled_at: datetime | None = None
+    max_attempts: int | None = None
+    schedule_to_close: float | None = None
+    unique_key: str | None = None
+    unique_scope: str = "active"
+
+
+class BulkBody(_Body):
+    filter: dict[str, str | list[str]]
+    limit: int = Field(default=100, ge=1, le=BULK_LIMIT)
+    reason: str | None = Field(default=None, max_length=10_000)
+    attempts: int | None = Field(default=None, ge=1, le=1_000_000)
+
+
+# -- plumbing ------------------------------------------------------------------------------------------
+
+def state_of(request: Request) -> WebState:
+    st: WebState = request.app.state.taskq
+    return st
+
+
+def request_id(request: Request) -> str:
+    rid = request.scope.get("taskq.request_id")
+    if rid is None:
+        given = request.headers.get("x-request-id", "")
+        rid = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+        request.scope["taskq.request_id"] = rid
+    return str(rid)
+
+
+def problem_response(request: Request, problem: Problem) -> JSONResponse:
+    headers = {"X-Request-Id": request_id(request)}
+    if problem.status == 401:
+        headers["WWW-Authenticate"] = 'Bearer realm="taskq"'
+    return JSONResponse(problem.body(instance=request.url.path, request_id=request_id(request)),
+                        status_code=problem.status, media_type=PROBLEM_TYPE, headers=headers)
+
+
+def outcome_response(request: Request, outcome: Outcome) -> JSONResponse:
+    headers = {"X-Request-Id": request_id(request)}
+    if outcome.replayed:
+        headers["Idempotent-Replayed"] = "true"
+    job = outcome.body.get("job")
+    if isinstance(job, dict) and "revision" in job:
+        headers["ETag"] = f'"{job["revision"]}"'
+    return JSONResponse(outcome.body, status_code=outcome.status,
+                        media_type=PROBLEM_TYPE if outcome.is_problem else None, headers=headers)
+
+
+def ok(request: Request, body: Any, status: int = 200, **headers: str) -> JSONResponse:
+    return JSONResponse(body, status_code=status, headers={"X-Request-Id": request_id(request), **headers})
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def endpoint(fn: Handler) -> Handler:
+    """Every error of a handler as the one problem shape, never a traceback."""
+
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await fn(request)
+        except Problem as problem:
+            return problem_response(request, problem)
+        except (ConfigurationError, PayloadInvalid) as exc:
+            return problem_response(request, bad_request(str(exc)))
+        except DatabaseUnavailable as exc:
+            return problem_response(request, Problem(503, "UNAVAILABLE", str(exc)))
+        except Exception:
+            log.exception("web: %s %s failed", request.method, request.url.path)
+            return problem_response(request, Problem(500, "INTERNAL", "internal error (see the server's log)"))
+
+    wrapped.__name__ = fn.__name__
+    wrapped.__doc__ = fn.__doc__
+    return wrapped
+
+
+async def principal(request: Request) -> Principal:
+    st = state_of(request)
+    header = request.headers.get("authorization", "")
+    scheme, _, raw = header.partition(" ")
+    if not st.config.auth:
+        return await st.principal(None) or _never()
+    if not header:
+        raise Problem(401, "UNAUTHENTICATED", "send Authorization: Bearer <token> (taskq tokens create)")
+    if scheme.lower() != "bearer" or not raw.strip():
+        raise Problem(401, "UNAUTHENTICATED", "the Authorization header must be 'Bearer <token>'")
+    who = await st.principal(raw.strip())
+    if who is None:
+        raise Problem(401, "UNAUTHENTICATED", "unknown or revoked token")
+    return who
+
+
+def _never() -> Principal:
+    raise AssertionError("an auth-less server always has a principal")
+
+
+async def json_body(request: Request) -> dict[str, Any]:
+    """The request's JSON object (empty body: {}); 413 past the size limit, 400 for anything not JSON."""
+    limit = state_of(request).config.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise Problem(413, "TOO_LARGE", f"the body is larger than {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise Problem(413, "TOO_LARGE", f"the body is larger than {limit} bytes")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad_request(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise bad_request("the body must be a JSON object")
+    return body
+
+
+def _no_constant(token: str) -> Any:
+    raise ValueError(f"{token} is not JSON")
+
+
+def parse_body(model: type[M], body: dict[str, Any]) -> M:
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        errors = [{"field": ".".join(str(p) for p in e["loc"]), "message": e["msg"]} for e in exc.errors()]
+        first = errors[0] if errors else {"field": "", "message": "invalid"}
+        raise bad_request(f"{first['field'] or 'body'}: {first['message']}", errors=errors) from None
+
+
+def caller(request: Request, who: Principal) -> Caller:
+    raw = request.headers.get("idempotency-key")
+    key = None
+    if raw is not None:
+        match = _KEY.match(raw.strip())
+        if match is None:
+            raise bad_request("Idempotency-Key must be 1-255 visible ASCII characters (a UUID is best)")
+        key = match.group(1)
+    return Caller(who, request_id(request), key)
+
+
+def expected_revision(request: Request, from_body: int | None) -> int | None:
+    raw = request.headers.get("if-match")
+    if raw is None:
+        return from_body
+    match = _IF_MATCH.match(raw.strip())
+    if match is None:
+        raise bad_request("If-Match must be a job revision, e.g. \"3\"")
+    header = int(match.group(1))
+    if from_body is not None and from_body != header:
+        raise bad_request(f"If-Match ({header}) and expected_revision ({from_body}) disagree")
+    return header
+
+
+def fingerprint(request: Request, body: dict[str, Any]) -> str:
+    return actions.fingerprint(request.method, request.url.path, body)
+
+
+# -- reads ---------------------------------------------------------------------------------------------
+
+def _query(request: Request) -> dict[str, list[str]]:
+    q: dict[str, list[str]] = {}
+    for k, v in request.query_params.multi_items():
+        q.setdefault(k, []).append(v)
+    return q
+
+
+@endpoint
+async def list_jobs(request: Request) -> Response:
+    """GET /jobs: filters status, queue, actor, tag (comma-separated or repeated), parent, created_after,
+    created_before; limit (1-500, default 50) and cursor (the previous page's next_cursor)."""
+    who = await principal(request)
+    page = await reads.job_page(await state_of(request).backend(), who, _query(request))
+    return ok(request, {"jobs": [r.model_dump(mode="json") for r in page.rows],
+                        "next_cursor": reads.encode_cursor(page.next_after) if page.next_after else None})
+
+
+@endpoint
+async def get_job(request: Request) -> Response:
+    who = await principal(request)
+    job_id = reads.job_id_of(request.path_params["job_id"])
+    detail = await reads.job_detail(await state_of(request).backend(), who, job_id)
+    return ok(request, detail, ETag=f'"{detail["job"]["revision"]}"')
+
+
+@endpoint
+async def list_workers(request: Request) -> Response:
+    who = await principal(request)
+    return ok(request, {"workers": await reads.workers(await state_of(request).backend(), who)})
+
+
+@endpoint
+async def list_schedules(request: Request) -> Response:
+    who = await principal(request)
+    return ok(request, {"schedules": await reads.schedules(await state_of(request).backend(), who)})
+
+
+@endpoint
+async def get_stats(request: Request) -> Response:
+    who = await principal(request)
+    st = state_of(request)
+    key = f"stats:{who.name}"
+    found = st.cached(key) or st.remember(key, await reads.stats(await st.backend(), who))
+    return ok(request, found)
+
+
+@endpoint
+async def list_queues(request: Request) -> Response:
+    """GET /queues. Extension point (issue 16): from the queues table with paused and limits once it
+    lands; today the queues that have waiting, running or recently finished jobs."""
+    who = await principal(request)
+    st = state_of(request)
+    found = await reads.stats(await st.backend(), who)
+    return ok(request, {"queues": [{"name": name, "depth": q["depth"], "paused": None, "limits": None}
+                                   for name, q in sorted(found["queues"].items())]})
+
+
+@endpoint
+async def list_cancellations(request: Request) -> Response:
+    who = await principal(request)
+    st = state_of(request)
+    backend = await st.backend()
+    rows = await reads.cancellations(backend, who)
+    ladders = await reads.cancel_ladders(backend, rows, st.config.cancellation_grace_period,
+                                         st.config.cleanup_grace_period)
+    return ok(request, {"cancellations": [r.model_dump(mode="json") | {"cancel_ladder": lad}
+                                          for r, lad in zip(rows, ladders, strict=True)]})
+
+
+# -- writes --------------------------------------------------------------------------------------------
+
+@endpoint
+async def cancel_job(request: Request) -> Response:
+    who = await principal(request)
+    job_id = reads.job_id_of(request.path_params["job_id"])
+    body = await json_body(request)
+    parsed = parse_body(CancelBody, body)
+    outcome = await actions.cancel(
+        await state_of(request).backend(), caller(request, who), job_id, reason=parsed.reason,
+        expected_revision=expected_revision(request, parsed.expected_revision),
+        request_fingerprint=fingerprint(request, body))
+    response = outcome_response(request, outcome)
+    if outcome.status == 202:
+        response.headers["Location"] = str(request.url_for("get_job", job_id=str(job_id)))
+    return response
+
+
+@endpoint
+async def requeue_job(request: Request) -> Response:
+    who = await principal(request)
+    job_id = reads.job_id_of(request.path_params["job_id"])
+    body = await json_body(request)
+    parsed = parse_body(RequeueBody, body)
+    st = state_of(request)
+    outcome = await actions.requeue(
+        await st.backend(), caller(request, who), job_id, reason=parsed.reason, attempts=parsed.attempts,
+        expected_revision=expected_revision(request, parsed.expected_revision),
+        registry=st.config.registry or default_registry, request_fingerprint=fingerprint(request, body))
+    return outcome_response(request, outcome)
+
+
+@endpoint
+async def enqueue_job(request: Request) -> Response:
+    who = await principal(request)
+    if not who.may("jobs:enqueue"):
+        raise forbidden("jobs:enqueue", None)
+    body = await json_body(request)
+    parsed = parse_body(EnqueueBody, body)
+    st = state_of(request)
+    job = prepare_insert(
+        parsed.actor, parsed.payload, registry=st.config.registry or default_registry,
+        max_payload_bytes=min(DEFAULT_MAX_PAYLOAD_BYTES, st.config.max_body_bytes), queue=parsed.queue,
+        priority=parsed.priority, tags=parsed.tags, scheduled_at=parsed.scheduled_at,
+        max_attempts=parsed.max_attempts, schedule_to_close=parsed.schedule_to_close,
+        unique_key=parsed.unique_key, unique_scope=parsed.unique_scope)
+    outcome = await actions.enqueue(await st.backend(), caller(request, who), job,
+                                    request_fingerprint=fingerprint(request, body))
+    return outcome_response(request, outcome)
+
+
+def _bulk(verb: str) -> Handler:
+    async def bulk(request: Request) -> Response:
+        who = await principal(request)
+        body = await json_body(request)
+        parsed = parse_body(BulkBody, body)
+        if verb == "cancel" and parsed.attempts is not None:
+            raise bad_request("attempts is for requeue only")
+        query = {k: [v] if isinstance(v, str) else v for k, v in parsed.filter.items()}
+        flt = reads.as_job_filter(reads.parse_filter(query, allowed=[f for f in reads.JOB_FILTERS if f != "parent"]))
+        if flt.is_empty:
+            raise bad_request("refusing a bulk action with an empty filter: name a status, queue, actor, tag or time")
+        st = state_of(request)
+        backend = await st.backend()
+        who_is = caller(request, who)
+        print_ = fingerprint(request, body)
+        if verb == "cancel":
+            outcome = await actions.bulk_cancel(backend, who_is, flt, reason=parsed.reason, limit=parsed.limit,
+                                                request_fingerprint=print_)
+        else:
+            outcome = await actions.bulk_requeue(backend, who_is, flt, reason=parsed.reason, attempts=parsed.attempts,
+                                                 limit=parsed.limit, registry=st.config.registry or default_registry,
+                                                 request_fingerprint=print_)
+        return outcome_response(request, outcome)
+
+    bulk.__name__ = f"bulk_{verb}"
+    return endpoint(bulk)
+
+
+def _schedule(verb: str) -> Handler:
+    async def act(request: Request) -> Response:
+        who = await principal(request)
+        body = await json_body(request)
+        if body:
+            raise bad_request(f"{verb} takes no body fields, got {sorted(body)[0]!r}")
+        outcome = await actions.schedule_action(await state_of(request).backend(), caller(request, who),
+                                                request.path_params["name"], verb,
+                                                request_fingerprint=fingerprint(request, body))
+        return outcome_response(request, outcome)
+
+    act.__name__ = f"schedule_{verb}"
+    return endpoint(act)
+
+
+def _queue(verb: str) -> Handler:
+    async def act(request: Request) -> Response:
+        """Extension point (issue 16): pause/resume a queue through taskq's queue-control service
+        functions, audited like the others, once they land."""
+        await principal(request)
+        raise Problem(501, "NOT_IMPLEMENTED", f"queue {verb} needs queue control (issue 16), not in this taskq yet")
+
+    act.__name__ = f"queue_{verb}"
+    return endpoint(act)
+
+
+@endpoint
+async def openapi(request: Request) -> Response:
+    from taskq.web.openapi import schema
+
+    return ok(request, schema())
+
+
+async def not_found_route(request: Request) -> Response:
+    return problem_response(request, Problem(404, "NOT_FOUND", f"no API route {request.method} {request.url.path}"))
+
+
+def routes() -> list[BaseRoute]:
+    # the `:verb` routes come first: /jobs/{job_id} would also match `<id>:cancel`
+    return [
+        Route("/openapi.json", openapi, methods=["GET"]),
+        Route("/jobs:cancel", _bulk("cancel"), methods=["POST"]),
+        Route("/jobs:requeue", _bulk("requeue"), methods=["POST"]),
+        Route("/jobs/{job_id}:cancel", cancel_job, methods=["POST"]),
+        Route("/jobs/{job_id}:requeue", requeue_job, methods=["POST"]),
+        Route("/jobs/{job_id}", get_job, methods=["GET"], name="get_job"),
+        Route("/jobs", list_jobs, methods=["GET"]),
+        Route("/jobs", enqueue_job, methods=["POST"]),
+        Route("/workers", list_workers, methods=["GET"]),
+        Route("/schedules/{name}:pause", _schedule("pause"), methods=["POST"]),
+        Route("/schedules/{name}:resume", _schedule("resume"), methods=["POST"]),
+        Route("/schedules/{name}:trigger", _schedule("trigger"), methods=["POST"]),
+        Route("/schedules", list_schedules, methods=["GET"]),
+        Route("/queues/{name}:pause", _queue("pause"), methods=["POST"]),
+        Route("/queues/{name}:resume", _queue("resume"), methods=["POST"]),
+        Route("/queues", list_queues, methods=["GET"]),
+        Route("/stats", get_stats, methods=["GET"]),
+        Route("/cancellations", list_cancellations, methods=["GET"]),
+        Route("/{rest:path}", not_found_route, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
+    ]
+
+
+__all__ = ["problem_body", "routes"]

@@ -1,0 +1,346 @@
+"""The dashboard: server-rendered pages (Jinja2), htmx for the live regions (short polling of the page's
+own region every few seconds: no new NOTIFY anywhere), forms for the writes.
+
+Sessions: a token login sets an HttpOnly, SameSite=Strict cookie holding the token (checked like a bearer
+token on each request, so a revoke ends the session within seconds). Every form carries a CSRF token
+(an HMAC of the session under a per-process secret), and a write whose Sec-Fetch-Site says another site
+sent it is refused. Each action form carries a fresh Idempotency-Key and the revision it was rendered
+with: a double submit replays, a stale page answers with a conflict banner and the new row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import urlencode
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.datastructures import FormData
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from taskq.actors.declaration import default_registry
+from taskq.exceptions import ConfigurationError, DatabaseUnavailable
+from taskq.models import JobStatus
+from taskq.tokens import Principal
+from taskq.web import actions, reads
+from taskq.web.actions import BULK_LIMIT, Caller, Outcome
+from taskq.web.api import state_of
+from taskq.web.problems import Problem
+from taskq.web.svg import sparkline
+
+COOKIE = "taskq_session"
+ENV = Environment(loader=PackageLoader("taskq.web", "templates"), autoescape=select_autoescape(["html"]))
+NAV = (("", "Overview"), ("/jobs", "Jobs"), ("/cancellations", "Cancellations"), ("/workers", "Workers"),
+       ("/schedules", "Schedules"))
+
+
+def _age(value: Any) -> str:
+    if not isinstance(value, datetime):
+        return ""
+    seconds = (datetime.now(UTC) - value).total_seconds()
+    if seconds < 0:
+        return f"in {-seconds:.0f}s"
+    if seconds < 120:
+        return f"{seconds:.1f}s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m ago"
+    return f"{seconds / 3600:.1f}h ago"
+
+
+def _when(value: Any) -> str:
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return value.strftime("%Y-%m-%d %H:%M:%S") if isinstance(value, datetime) else ""
+
+
+ENV.filters["age"] = _age
+ENV.filters["when"] = _when
+
+
+def base_of(request: Request) -> str:
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
+def csrf_token(request: Request, session: str) -> str:
+    return hmac.new(state_of(request).secret, session.encode(), hashlib.sha256).hexdigest()[:40]
+
+
+def session_of(request: Request) -> str:
+    return request.cookies.get(COOKIE, "") if state_of(request).config.auth else "anonymous"
+
+
+def render(request: Request, template: str, who: Principal | None, status: int = 200, **context: Any) -> HTMLResponse:
+    base = base_of(request)
+    html = ENV.get_template(template).render(
+        request=request, base=base, who=who, nav=NAV, path=request.url.path.removeprefix(base) or "",
+        csrf=csrf_token(request, session_of(request)), new_key=uuid.uuid4().hex,
+        poll=state_of(request).config.poll_seconds, auth=state_of(request).config.auth, **context)
+    return HTMLResponse(html, status_code=status, headers={"Cache-Control": "no-store"})
+
+
+Page = Callable[[Request, Principal], Awaitable[Response]]
+
+
+def page(fn: Page) -> Callable[[Request], Awaitable[Response]]:
+    """A logged-in page: no session goes to the login page; a Problem renders as an error page."""
+
+    async def wrapped(request: Request) -> Response:
+        st = state_of(request)
+        try:
+            who = await st.principal(session_of(request) or None)
+        except DatabaseUnavailable as exc:
+            return render(request, "error.html", None, status=503, status_code=503, message=str(exc))
+        if who is None:
+            return RedirectResponse(f"{base_of(request)}/login?{urlencode({'next': request.url.path})}", 303)
+        try:
+            if request.method == "POST":
+                await check_csrf(request)
+            return await fn(request, who)
+        except Problem as p:
+            return render(request, "error.html", who, status=p.status, status_code=p.status, message=p.detail)
+        except (ConfigurationError, ValueError) as exc:
+            return render(request, "error.html", who, status=400, status_code=400, message=str(exc))
+        except DatabaseUnavailable as exc:
+            return render(request, "error.html", who, status=503, status_code=503, message=str(exc))
+
+    wrapped.__name__ = fn.__name__
+    return wrapped
+
+
+async def check_csrf(request: Request) -> None:
+    site = request.headers.get("sec-fetch-site")
+    if site is not None and site not in ("same-origin", "none"):
+        raise Problem(403, "PERMISSION_DENIED", "cross-site form posts are refused")
+    form = await request.form()
+    request.scope["taskq.form"] = form
+    sent = str(form.get("csrf", ""))
+    if not hmac.compare_digest(sent, csrf_token(request, session_of(request))):
+        raise Problem(403, "PERMISSION_DENIED", "the form's CSRF token is missing or stale: reload the page")
+
+
+def form_of(request: Request) -> FormData:
+    form: FormData = request.scope["taskq.form"]
+    return form
+
+
+def caller_of(request: Request, who: Principal) -> Caller:
+    key = str(form_of(request).get("idempotency_key", "")) or None
+    return Caller(who, uuid.uuid4().hex, key)
+
+
+# -- login ----------------------------------------------------------------------------------------------
+
+async def login(request: Request) -> Response:
+    st = state_of(request)
+    if not st.config.auth:
+        return RedirectResponse(f"{base_of(request)}/", 303)
+    nxt = request.query_params.get("next", "/")
+    if not nxt.startswith("/") or nxt.startswith("//"):
+        nxt = "/"
+    if request.method == "GET":
+        return render(request, "login.html", None, next=nxt, error=None)
+    site = request.headers.get("sec-fetch-site")
+    if site is not None and site not in ("same-origin", "none"):
+        return render(request, "login.html", None, status=403, next=nxt, error="cross-site login refused")
+    form = await request.form()
+    token = str(form.get("token", "")).strip()
+    who = await st.principal(token) if token else None
+    if who is None:
+        return render(request, "login.html", None, status=401, next=nxt, error="unknown or revoked token")
+    response = RedirectResponse(f"{base_of(request)}{nxt}", 303)
+    response.set_cookie(COOKIE, token, httponly=True, samesite="strict", secure=st.config.secure_cookies,
+                        path=(base_of(request) or "/"))
+    return response
+
+
+async def logout(request: Request) -> Response:
+    response = RedirectResponse(f"{base_of(request)}/login", 303)
+    response.delete_cookie(COOKIE, path=(base_of(request) or "/"))
+    return response
+
+
+# -- pages ----------------------------------------------------------------------------------------------
+
+@page
+async def overview(request: Request, who: Principal) -> Response:
+    st = state_of(request)
+    key = f"stats:{who.name}"
+    stats = st.cached(key) or st.remember(key, await reads.stats(await st.backend(), who))
+    queues = []
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    minutes = [now - timedelta(minutes=stats["window_minutes"] - 1 - i) for i in range(stats["window_minutes"])]
+    for name, q in sorted(stats["queues"].items()):
+        done = [p for p in q["per_minute"] if p["status"] == "succeeded"]
+        per_minute = {datetime.fromisoformat(p["minute"]): p["n"] for p in done}
+        p95s = {datetime.fromisoformat(p["minute"]): p["run_p95"] or 0.0 for p in done}
+        queues.append({"name": name, **q, "chart": sparkline([per_minute.get(m, 0) for m in minutes]),
+                       "latency_chart": sparkline([p95s.get(m, 0.0) for m in minutes]),
+                       "p95": max((p["run_p95"] or 0 for p in done), default=None)})
+    cancelling = await reads.cancellations(await st.backend(), who, limit=1000)
+    return render(request, "overview.html", who, queues=queues, statuses=list(JobStatus),
+                  cancelling=len(cancelling), window=stats["window_minutes"])
+
+
+def _filters_of(request: Request) -> dict[str, str]:
+    return {k: v for k, v in request.query_params.items() if k in reads.JOB_FILTERS and v}
+
+
+@page
+async def jobs(request: Request, who: Principal) -> Response:
+    query = {k: [v] for k, v in request.query_params.items() if v and k != "msg"}
+    result = await reads.job_page(await state_of(request).backend(), who, query)
+    filters = _filters_of(request)
+    next_url = None
+    if result.next_after is not None:
+        next_url = "?" + urlencode(filters | {"cursor": reads.encode_cursor(result.next_after),
+                                              "limit": str(reads.page_limit(query))})
+    return render(request, "jobs.html", who, jobs=result.rows, filters=filters, next_url=next_url,
+                  statuses=list(JobStatus), bulk_limit=BULK_LIMIT, message=request.query_params.get("msg"))
+
+
+@page
+async def job(request: Request, who: Principal) -> Response:
+    st = state_of(request)
+    detail = await reads.job_detail(await st.backend(), who, reads.job_id_of(request.path_params["job_id"]))
+    return render(request, "job.html", who, d=detail, j=detail["job"], message=request.query_params.get("msg"),
+                  conflict=None)
+
+
+@page
+async def workers(request: Request, who: Principal) -> Response:
+    return render(request, "workers.html", who, workers=await reads.workers(await state_of(request).backend(), who))
+
+
+@page
+async def schedules(request: Request, who: Principal) -> Response:
+    return render(request, "schedules.html", who,
+                  schedules=await reads.schedules(await state_of(request).backend(), who),
+                  message=request.query_params.get("msg"))
+
+
+@page
+async def cancellations(request: Request, who: Principal) -> Response:
+    st = state_of(request)
+    backend = await st.backend()
+    rows = await reads.cancellations(backend, who)
+    ladders = await reads.cancel_ladders(backend, rows, st.config.cancellation_grace_period,
+                                         st.config.cleanup_grace_period)
+    by_phase: dict[int, list[tuple[Any, Any]]] = {1: [], 2: []}
+    for r, lad in zip(rows, ladders, strict=True):
+        by_phase.setdefault(r.cancel_phase, []).append((r, lad))
+    return render(request, "cancellations.html", who, by_phase=by_phase, total=len(rows))
+
+
+# -- writes ---------------------------------------------------------------------------------------------
+
+def _revision(form: FormData) -> int | None:
+    raw = str(form.get("expected_revision", "")).strip()
+    return int(raw) if raw.isdigit() else None
+
+
+@page
+async def job_action(request: Request, who: Principal) -> Response:
+    st = state_of(request)
+    form = form_of(request)
+    job_id = reads.job_id_of(request.path_params["job_id"])
+    verb = request.path_params["verb"]
+    reason = str(form.get("reason", "")).strip() or None
+    body = {"reason": reason, "expected_revision": _revision(form)}
+    fp = actions.fingerprint("POST", f"/api/v1/jobs/{job_id}:{verb}", body)
+    backend = await st.backend()
+    if verb == "cancel":
+        outcome = await actions.cancel(backend, caller_of(request, who), job_id, reason=reason,
+                                       expected_revision=_revision(form), request_fingerprint=fp)
+    elif verb == "requeue":
+        outcome = await actions.requeue(backend, caller_of(request, who), job_id, reason=reason, attempts=None,
+                                        expected_revision=_revision(form),
+                                        registry=st.config.registry or default_registry, request_fingerprint=fp)
+    else:
+        raise Problem(404, "NOT_FOUND", f"no action {verb!r}")
+    if outcome.status == 409:
+        detail = await reads.job_detail(backend, who, job_id)
+        return render(request, "job.html", who, status=409, d=detail, j=detail["job"], message=None,
+                      conflict=outcome.body["detail"])
+    return RedirectResponse(f"{base_of(request)}/jobs/{job_id}?" + urlencode({"msg": _said(verb, outcome)}), 303)
+
+
+def _said(verb: str, outcome: Outcome) -> str:
+    replay = " (replayed: this form was already sent)" if outcome.replayed else ""
+    if verb == "cancel":
+        text = ("cancel requested: the worker is told (202, not stopped yet)" if outcome.status == 202
+                else "cancelled")
+    else:
+        text = "requeued"
+    return text + replay
+
+
+@page
+async def bulk(request: Request, who: Principal) -> Response:
+    """A bulk cancel or requeue by the list's filters: the first post shows what matches and asks to
+    confirm; the confirmed post acts on at most `limit` jobs."""
+    st = state_of(request)
+    form = form_of(request)
+    verb = str(form.get("verb", ""))
+    if verb not in ("cancel", "requeue"):
+        raise Problem(400, "INVALID_ARGUMENT", "verb must be cancel or requeue")
+    filters = {k: str(form.get(k, "")) for k in reads.JOB_FILTERS if k != "parent" and form.get(k)}
+    query = {k: [v] for k, v in filters.items()}
+    flt = reads.as_job_filter(reads.parse_filter(query))
+    if flt.is_empty:
+        raise Problem(400, "INVALID_ARGUMENT", "set a filter before a bulk action (a status, queue, actor or tag)")
+    limit = min(BULK_LIMIT, max(1, int(str(form.get("limit", "100")) or 100)))
+    reason = str(form.get("reason", "")).strip() or None
+    backend = await st.backend()
+    if form.get("confirm") != "yes":
+        preview = await reads.job_page(backend, who, query | {"limit": [str(min(limit, reads.MAX_PAGE))]})
+        return render(request, "confirm.html", who, verb=verb, filters=filters, limit=limit, reason=reason,
+                      preview=preview.rows, more=preview.next_after is not None)
+    body = {"filter": filters, "limit": limit, "reason": reason}
+    fp = actions.fingerprint("POST", f"/api/v1/jobs:{verb}", body)
+    if verb == "cancel":
+        outcome = await actions.bulk_cancel(backend, caller_of(request, who), flt, reason=reason, limit=limit,
+                                            request_fingerprint=fp)
+    else:
+        outcome = await actions.bulk_requeue(backend, caller_of(request, who), flt, reason=reason, attempts=None,
+                                             limit=limit, registry=st.config.registry or default_registry,
+                                             request_fingerprint=fp)
+    b = outcome.body
+    msg = f"{verb}: {len(b['job_ids'])} of {b['matched']} matched" + (" (more match: run it again)" if b["more"]
+                                                                       else "")
+    return RedirectResponse(f"{base_of(request)}/jobs?" + urlencode(filters | {"msg": msg}), 303)
+
+
+@page
+async def schedule_action(request: Request, who: Principal) -> Response:
+    name = request.path_params["name"]
+    verb = request.path_params["verb"]
+    if verb not in ("pause", "resume", "trigger"):
+        raise Problem(404, "NOT_FOUND", f"no action {verb!r}")
+    fp = actions.fingerprint("POST", f"/api/v1/schedules/{name}:{verb}", {})
+    outcome = await actions.schedule_action(await state_of(request).backend(), caller_of(request, who), name, verb,
+                                            request_fingerprint=fp)
+    said = {"pause": "paused", "resume": "resumed", "trigger": "triggered"}[verb]
+    msg = f"{name}: {said}" + (f" (job {outcome.body['job_id']})" if verb == "trigger" else "")
+    return RedirectResponse(f"{base_of(request)}/schedules?" + urlencode({"msg": msg}), 303)
+
+
+def routes() -> list[BaseRoute]:
+    return [
+        Route("/login", login, methods=["GET", "POST"]),
+        Route("/logout", logout, methods=["POST"]),
+        Route("/", overview, methods=["GET"]),
+        Route("/jobs", jobs, methods=["GET"]),
+        Route("/jobs/bulk", bulk, methods=["POST"]),
+        Route("/jobs/{job_id}", job, methods=["GET"]),
+        Route("/jobs/{job_id}/{verb}", job_action, methods=["POST"]),
+        Route("/workers", workers, methods=["GET"]),
+        Route("/schedules", schedules, methods=["GET"]),
+        Route("/schedules/{name}/{verb}", schedule_action, methods=["POST"]),
+        Route("/cancellations", cancellations, methods=["GET"]),
+    ]

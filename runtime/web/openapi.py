@@ -1,0 +1,113 @@
+"""The OpenAPI 3.1 description of /api/v1, served at /api/v1/openapi.json (built from the same body
+models and JobRow the handlers use; a test checks that every route is described)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from taskq.models import JobRow
+from taskq.web.api import BulkBody, CancelBody, EnqueueBody, RequeueBody
+
+_REF = "#/components/schemas/{model}"
+
+
+def _problem(description: str) -> dict[str, Any]:
+    return {"description": description,
+            "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}}
+
+
+def _json(description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema or {"type": "object"}}}}
+
+
+_ERRORS = {"400": _problem("INVALID_ARGUMENT"), "401": _problem("UNAUTHENTICATED"),
+           "403": _problem("PERMISSION_DENIED"), "404": _problem("NOT_FOUND")}
+_WRITE_ERRORS = _ERRORS | {"409": _problem("STATE_CONFLICT (with the current row as `job`)"),
+                           "413": _problem("TOO_LARGE"), "422": _problem("IDEMPOTENCY_KEY_REUSED")}
+_KEY = {"name": "Idempotency-Key", "in": "header", "required": False, "schema": {"type": "string", "maxLength": 255},
+        "description": "A replay with the same key and request returns the first status and body "
+        "(header Idempotent-Replayed: true); the same key with another request answers 422."}
+_IF_MATCH = {"name": "If-Match", "in": "header", "required": False, "schema": {"type": "string"},
+             "description": "The expected revision, as expected_revision in the body."}
+_JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
+_NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+def _body(model: str) -> dict[str, Any]:
+    return {"required": False, "content": {"application/json": {"schema": {"$ref": _REF.format(model=model)}}}}
+
+
+def _filters() -> list[dict[str, Any]]:
+    names = {"status": "comma-separated statuses", "queue": "queue names", "actor": "actor names",
+             "tag": "tags (all must be present)", "parent": "parent job id", "created_after": "ISO 8601",
+             "created_before": "ISO 8601", "limit": "1-500 (default 50)", "cursor": "next_cursor of the last page"}
+    return [{"name": n, "in": "query", "required": False, "schema": {"type": "string"}, "description": d}
+            for n, d in names.items()]
+
+
+@functools.cache
+def schema() -> dict[str, Any]:
+    job = {"$ref": _REF.format(model="JobRow")}
+    job_answer = {"type": "object", "properties": {"job": job, "previous_status": {"type": "string"}}}
+    models = {m.__name__: m.model_json_schema(ref_template=_REF)
+              for m in (JobRow, CancelBody, RequeueBody, EnqueueBody, BulkBody)}
+    components: dict[str, Any] = {}
+    for name, s in models.items():
+        components.update(s.pop("$defs", {}))
+        components[name] = s
+    components["Problem"] = {
+        "type": "object", "required": ["type", "title", "status", "code", "detail"],
+        "properties": {"type": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer"},
+                       "code": {"type": "string"}, "detail": {"type": "string"}, "instance": {"type": "string"},
+                       "request_id": {"type": "string"}, "job": job}}
+    read = {"security": [{"bearer": []}], "responses": {"200": _json("OK")} | _ERRORS}
+
+    def write(op: str, summary: str, body: str | None, ok: dict[str, Any], params: list[Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {"operationId": op, "summary": summary, "security": [{"bearer": []}],
+                               "parameters": [*params, _KEY], "responses": ok | _WRITE_ERRORS}
+        if body:
+            out["requestBody"] = _body(body)
+        return out
+
+    paths: dict[str, Any] = {
+        "/jobs": {
+            "get": read | {"operationId": "listJobs", "summary": "jobs, newest first, keyset pages",
+                           "parameters": _filters()},
+            "post": write("enqueueJob", "enqueue a job", "EnqueueBody",
+                          {"201": _json("enqueued", job_answer), "200": _json("its unique key is held")}, []),
+        },
+        "/jobs/{job_id}": {"get": read | {"operationId": "getJob", "parameters": [_JOB_ID],
+                                          "summary": "row (with revision), events, attempts, parents, children"}},
+        "/jobs/{job_id}:cancel": {"post": write(
+            "cancelJob", "cancel one job", "CancelBody",
+            {"200": _json("it was pending or scheduled: cancelled", job_answer),
+             "202": _json("it is running: the request is durably stored (cancel_phase 1), not 'stopped'",
+                          job_answer)}, [_JOB_ID, _IF_MATCH])},
+        "/jobs/{job_id}:requeue": {"post": write("requeueJob", "requeue a failed, crashed or abandoned job",
+                                                 "RequeueBody", {"200": _json("requeued", job_answer)},
+                                                 [_JOB_ID, _IF_MATCH])},
+        "/jobs:cancel": {"post": write("bulkCancel", "cancel at most `limit` matching jobs", "BulkBody",
+                                       {"200": _json("counts by previous status, `more`")}, [])},
+        "/jobs:requeue": {"post": write("bulkRequeue", "requeue at most `limit` matching jobs", "BulkBody",
+                                        {"200": _json("counts by previous status, `more`")}, [])},
+        "/workers": {"get": read | {"operationId": "listWorkers"}},
+        "/schedules": {"get": read | {"operationId": "listSchedules"}},
+        "/queues": {"get": read | {"operationId": "listQueues"}},
+        "/stats": {"get": read | {"operationId": "getStats", "summary": "depth by status, last hour per minute"}},
+        "/cancellations": {"get": read | {"operationId": "listCancellations", "summary": "cancels in flight"}},
+    }
+    for verb in ("pause", "resume", "trigger"):
+        paths[f"/schedules/{{name}}:{verb}"] = {"post": write(f"{verb}Schedule", f"{verb} a schedule", None,
+                                                              {"200": _json("done")}, [_NAME])}
+    for verb in ("pause", "resume"):
+        paths[f"/queues/{{name}}:{verb}"] = {"post": write(f"{verb}Queue", f"{verb} a queue (issue 16)", None,
+                                                           {"501": _problem("NOT_IMPLEMENTED")}, [_NAME])}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "taskq operator API", "version": "1"},
+        "servers": [{"url": "/api/v1"}],
+        "paths": paths,
+        "components": {"schemas": components,
+                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+    }

@@ -1,0 +1,264 @@
+"""The reads of the web API and the dashboard, framework-free: filters parsed from a query string, keyset
+pages of jobs, a job's detail, workers, schedules, cancels in flight and the overview's stats. Every list
+is limited to the queues the caller may read."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from taskq import backend_web, schedule_admin
+from taskq.backend import Backend
+from taskq.backend_web import JobPage, fetch_all
+from taskq.checks import check_text
+from taskq.exceptions import ConfigurationError
+from taskq.models import JobFilter, JobRow, JobStatus
+from taskq.settings import WorkerSettings
+from taskq.tokens import Principal
+from taskq.web.problems import Problem, bad_request, forbidden, not_found
+
+JOB_FILTERS = ("status", "queue", "actor", "tag", "parent", "created_after", "created_before")
+PAGE_PARAMS = ("limit", "cursor")
+DEFAULT_PAGE = 50
+MAX_PAGE = 500
+DETAIL_CHILDREN = 100
+HELD_SHOWN = 20
+
+
+def job_id_of(text: str) -> UUID:
+    try:
+        return UUID(text)
+    except ValueError:
+        raise bad_request(f"not a job id (expected a UUID): {text[:80]!r}") from None
+
+
+def _many(values: Sequence[str]) -> list[str]:
+    out = [v.strip() for raw in values for v in raw.split(",") if v.strip()]
+    for v in out:
+        try:
+            check_text("a filter value", v)
+        except ConfigurationError as exc:
+            raise bad_request(str(exc)) from None
+    return out
+
+
+def _time(name: str, values: Sequence[str]) -> datetime | None:
+    if not values or not values[-1]:
+        return None
+    try:
+        when = datetime.fromisoformat(values[-1])
+    except ValueError:
+        raise bad_request(f"{name} must be an ISO 8601 time with a timezone, got {values[-1][:80]!r}") from None
+    if when.tzinfo is None:
+        raise bad_request(f"{name} must carry a timezone (e.g. 2030-01-01T09:00:00Z)")
+    return when
+
+
+def parse_filter(query: Mapping[str, Sequence[str]], *, allowed: Sequence[str] = JOB_FILTERS) -> dict[str, Any]:
+    """The job_page parameters of a query string's filters; 400 INVALID_ARGUMENT for an unknown name or
+    a bad value (never a silent ignore: a typo would widen a bulk action)."""
+    unknown = sorted(set(query) - set(allowed) - set(PAGE_PARAMS))
+    if unknown:
+        raise bad_request(f"unknown filter {unknown[0]!r}; filters: {', '.join(allowed)}")
+    statuses = _many(query.get("status", ()))
+    for s in statuses:
+        if s not in JobStatus.__members__.values():
+            raise bad_request(f"unknown status {s!r}; statuses: {', '.join(JobStatus)}")
+    parents = _many(query.get("parent", ()))
+    return {
+        "statuses": statuses or None,
+        "queues": _many(query.get("queue", ())) or None,
+        "actors": _many(query.get("actor", ())) or None,
+        "tags": _many(query.get("tag", ())) or None,
+        "parent_id": job_id_of(parents[-1]) if parents else None,
+        "created_after": _time("created_after", query.get("created_after", ())),
+        "created_before": _time("created_before", query.get("created_before", ())),
+    }
+
+
+def as_job_filter(params: Mapping[str, Any]) -> JobFilter:
+    """The JobFilter of parsed filters (for the bulk actions, which select through the same filters)."""
+    if params.get("parent_id") is not None:
+        raise bad_request("the bulk actions do not filter on parent")
+    return JobFilter(
+        statuses=tuple(JobStatus(s) for s in params["statuses"]) if params["statuses"] else None,
+        queues=tuple(params["queues"]) if params["queues"] else None,
+        actors=tuple(params["actors"]) if params["actors"] else None,
+        tags=tuple(params["tags"]) if params["tags"] else None,
+        created_after=params["created_after"],
+        created_before=params["created_before"],
+    )
+
+
+def encode_cursor(after: tuple[datetime, UUID]) -> str:
+    return base64.urlsafe_b64encode(f"{after[0].isoformat()}|{after[1]}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(text: str) -> tuple[datetime, UUID]:
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode()
+        at, _, jid = raw.partition("|")
+        when = datetime.fromisoformat(at)
+        if when.tzinfo is None:
+            raise ValueError(at)
+        return when, UUID(jid)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise bad_request("cursor is not one this server gave out") from None
+
+
+def page_limit(query: Mapping[str, Sequence[str]]) -> int:
+    raw = query.get("limit", ())
+    if not raw:
+        return DEFAULT_PAGE
+    try:
+        n = int(raw[-1])
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_PAGE:
+        raise bad_request(f"limit must be an integer from 1 to {MAX_PAGE}, got {raw[-1][:20]!r}")
+    return n
+
+
+async def job_page(backend: Backend, who: Principal, query: Mapping[str, Sequence[str]]) -> JobPage:
+    if not who.may("jobs:read"):
+        raise forbidden("jobs:read", None)
+    params = parse_filter(query)
+    cursor = query.get("cursor", ())
+    after = decode_cursor(cursor[-1]) if cursor and cursor[-1] else None
+    params |= {"readable": who.readable("jobs:read"), "uncancelled": False, "after_at": after[0] if after else None,
+               "after_id": after[1] if after else None}
+    return await backend_web.job_page(backend, params, page_limit(query))
+
+
+async def readable_job(backend: Backend, who: Principal, job_id: UUID) -> JobRow:
+    row = await backend.get(job_id)
+    if row is None:
+        raise not_found(f"job {job_id}")
+    if not who.may("jobs:read", row.queue):
+        raise forbidden("jobs:read", row.queue)
+    return row
+
+
+async def job_detail(backend: Backend, who: Principal, job_id: UUID) -> dict[str, Any]:
+    """The row (with its revision), events, attempts, audit, children, and the cancel ladder's clocks.
+    Extension point (issue 15): `parents` lists the jobs this one depends on; today only parent_id."""
+    row = await readable_job(backend, who, job_id)
+    events = await backend.job_events(job_id)
+    attempts = await backend.job_attempts(job_id)
+    children = await backend_web.jobs(backend, "job_children", {"id": job_id, "limit": DETAIL_CHILDREN})
+    audit = await fetch_all(backend, "audit_for_job", {"id": job_id})
+    ladder = (await cancel_ladders(backend, [row]))[0] if row.cancel_requested_at is not None else None
+    return {
+        "job": row.model_dump(mode="json"),
+        "events": [e.model_dump(mode="json") for e in events],
+        "attempts": [a.model_dump(mode="json") for a in attempts],
+        "parents": [str(row.parent_id)] if row.parent_id is not None else [],
+        "children": [c.model_dump(mode="json") for c in children if who.may("jobs:read", c.queue)],
+        "audit": [_jsonable(a) for a in audit],
+        "cancel_ladder": ladder,
+    }
+
+
+def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v.isoformat() if isinstance(v, datetime) else str(v) if isinstance(v, UUID) else v)
+            for k, v in row.items()}
+
+
+def graces(cancellation: float | None, cleanup: float | None) -> tuple[float, float]:
+    if cancellation is not None and cleanup is not None:
+        return cancellation, cleanup
+    s = WorkerSettings()
+    return (cancellation if cancellation is not None else s.cancellation_grace_period,
+            cleanup if cleanup is not None else s.cleanup_grace_period)
+
+
+async def cancel_ladders(backend: Backend, rows: list[JobRow], cancellation_grace: float | None = None,
+                         cleanup_grace: float | None = None) -> list[dict[str, Any]]:
+    """Per row with a cancel request: its phase, and the seconds left in the current grace window
+    (phase 1: until the worker forces; phase 2: until it abandons), from the fleet's grace settings."""
+    grace, cleanup = graces(cancellation_grace, cleanup_grace)
+    escalated = {r["job_id"]: r["at"] for r in await fetch_all(
+        backend, "job_escalated_at", {"ids": [r.id for r in rows if r.cancel_phase >= 2]})} if any(
+        r.cancel_phase >= 2 for r in rows) else {}
+    now = datetime.now(rows[0].created_at.tzinfo) if rows else datetime.now()
+    out = []
+    for r in rows:
+        requested = r.cancel_requested_at
+        assert requested is not None
+        if r.status != JobStatus.RUNNING:
+            out.append({"job_id": str(r.id), "phase": r.cancel_phase, "window": None, "seconds_left": None})
+            continue
+        if r.cancel_phase >= 2:
+            start = escalated.get(r.id, requested + timedelta(seconds=grace))
+            ends = start + timedelta(seconds=cleanup)
+            window = "cleanup (forced, then abandoned)"
+        else:
+            ends = requested + timedelta(seconds=grace)
+            window = "cancellation grace (cooperative, then forced)"
+        out.append({"job_id": str(r.id), "phase": r.cancel_phase, "window": window,
+                    "requested_at": requested.isoformat(), "window_ends_at": ends.isoformat(),
+                    "seconds_left": max(0.0, (ends - now).total_seconds())})
+    return out
+
+
+async def cancellations(backend: Backend, who: Principal, limit: int = 500) -> list[JobRow]:
+    if not who.may("jobs:read"):
+        raise forbidden("jobs:read", None)
+    return await backend_web.jobs(backend, "jobs_cancelling", {"readable": who.readable(), "limit": limit})
+
+
+async def workers(backend: Backend, who: Principal) -> list[dict[str, Any]]:
+    """The worker registry; a worker shows when the caller may read one of its queues."""
+    if not who.may("workers:read"):
+        raise forbidden("workers:read", None)
+    rows = [r for r in await fetch_all(backend, "workers_list") if any(who.may("workers:read", q) for q in r["queues"])]
+    for r in rows:
+        held = await backend_web.jobs(backend, "worker_held_jobs", {"id": r["id"], "limit": HELD_SHOWN})
+        r["held_jobs"] = [{"id": str(j.id), "actor": j.actor, "cancel_phase": j.cancel_phase,
+                           "lock_expires_at": j.lock_expires_at.isoformat() if j.lock_expires_at else None}
+                          for j in held if who.may("jobs:read", j.queue)]
+    return [_jsonable(r) for r in rows]
+
+
+async def schedules(backend: Backend, who: Principal) -> list[dict[str, Any]]:
+    if not who.may("schedules:read"):
+        raise forbidden("schedules:read", None)
+    return [s.model_dump(mode="json") for s in await schedule_admin.list_schedules(backend)
+            if who.may("schedules:read", s.queue)]
+
+
+async def stats(backend: Backend, who: Principal, minutes: int = 60) -> dict[str, Any]:
+    """Per queue: depth by status (waiting and running), the oldest waiting job, and per minute of the
+    last hour the finished jobs by status with run-time p50/p95. Extension point (issues 15, 16):
+    `awaiting_parents` counts and each queue's `paused` and limits join here once those land."""
+    if not who.may("jobs:read"):
+        raise forbidden("jobs:read", None)
+    readable = who.readable()
+    depth = await fetch_all(backend, "stats_depth", {"readable": readable})
+    recent = await fetch_all(backend, "stats_recent", {"readable": readable, "minutes": minutes})
+    queues: dict[str, dict[str, Any]] = {}
+    for r in depth:
+        q = queues.setdefault(r["queue"], _queue_entry())
+        q["depth"][r["status"]] = r["n"]
+        if r["status"] == "pending" and r["oldest"] is not None:
+            q["oldest_pending_at"] = r["oldest"].isoformat()
+    for r in recent:
+        q = queues.setdefault(r["queue"], _queue_entry())
+        q["last_hour"][r["status"]] = q["last_hour"].get(r["status"], 0) + r["n"]
+        q["per_minute"].append({"minute": r["minute"].isoformat(), "status": r["status"], "n": r["n"],
+                                "run_p50": r["p50"], "run_p95": r["p95"]})
+    return {"window_minutes": minutes, "queues": queues}
+
+
+def _queue_entry() -> dict[str, Any]:
+    return {"depth": {}, "oldest_pending_at": None, "last_hour": {}, "per_minute": [],
+            "paused": None, "limits": None}
+
+
+def check_problem(exc: Exception) -> Problem:
+    """A ConfigurationError of a service function's checks as a 400."""
+    return bad_request(str(exc))

@@ -1,0 +1,88 @@
+"""What one web app holds: its settings, its Backend (opened on first use, so the app also works when
+mounted in a host application that does not run its lifespan), the token cache and the stats cache."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from taskq.actors.declaration import ActorRegistry
+from taskq.backend import Backend
+from taskq.dsn import resolve_dsn
+from taskq.tokens import ANONYMOUS, Principal, authenticate, hash_token
+
+TOKEN_CACHE_SECONDS = 5.0
+"""A revoked token stops working within this long (each web process re-reads a token at most this often)."""
+STATS_CACHE_SECONDS = 2.0
+"""The overview's aggregates are computed at most this often per web process, however many viewers."""
+
+
+@dataclass
+class WebConfig:
+    """`auth` False serves everyone as `anonymous` with every grant: only on loopback (taskq web refuses
+    another host). `cancellation_grace_period` and `cleanup_grace_period`: the fleet's (for the cancel
+    ladder's time-left clocks; the settings' defaults and TASKQ_* env when None)."""
+
+    dsn: str | None = None
+    auth: bool = True
+    registry: ActorRegistry | None = None
+    cancellation_grace_period: float | None = None
+    cleanup_grace_period: float | None = None
+    poll_seconds: float = 2.0
+    max_body_bytes: int = 1_048_576
+    secure_cookies: bool = False
+
+
+@dataclass
+class WebState:
+    config: WebConfig
+    backend_given: Backend | None = None
+    _backend: Backend | None = None
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _tokens: dict[str, tuple[float, Principal | None]] = field(default_factory=dict)
+    _stats: dict[str, tuple[float, Any]] = field(default_factory=dict)
+    secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+
+    async def backend(self) -> Backend:
+        if self.backend_given is not None:
+            return self.backend_given
+        if self._backend is None:
+            async with self._lock:
+                if self._backend is None:
+                    self._backend = await Backend.open(resolve_dsn(self.config.dsn), min_size=1, max_size=4)
+        return self._backend
+
+    async def close(self) -> None:
+        if self._backend is not None:
+            await self._backend.close()
+            self._backend = None
+
+    async def principal(self, raw: str | None) -> Principal | None:
+        """The principal of a bearer token or session cookie (None: no or bad token), cached briefly."""
+        if not self.config.auth:
+            return ANONYMOUS
+        if not raw:
+            return None
+        key = hash_token(raw)
+        now = time.monotonic()
+        hit = self._tokens.get(key)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        found = await authenticate(await self.backend(), raw)
+        if len(self._tokens) > 1000:
+            self._tokens.clear()
+        self._tokens[key] = (now + TOKEN_CACHE_SECONDS, found)
+        return found
+
+    def cached(self, key: str) -> Any:
+        hit = self._stats.get(key)
+        return hit[1] if hit is not None and hit[0] > time.monotonic() else None
+
+    def remember(self, key: str, value: Any) -> Any:
+        if len(self._stats) > 1000:
+            self._stats.clear()
+        self._stats[key] = (time.monotonic() + STATS_CACHE_SECONDS, value)
+        return value

@@ -1,0 +1,167 @@
+-- Queries of the HTTP operator API and dashboard (taskq.backend_web). Parameters are psycopg %(name)s.
+-- Every read of jobs here is index-backed (tests/integration/test_web_plans.py checks each with EXPLAIN);
+-- the list queries are sent unprepared, so each gets a plan for its own filters.
+
+-- ---- tokens ----------------------------------------------------------------------------------------
+
+-- name: token_insert
+INSERT INTO taskq.api_tokens (name, token_hash, grants, created_by)
+VALUES (%(name)s, %(token_hash)s, %(grants)s::text[], %(created_by)s)
+ON CONFLICT (name) DO NOTHING
+RETURNING name, grants, created_at, created_by, last_used_at, revoked_at;
+
+-- name: token_list
+SELECT name, grants, created_at, created_by, last_used_at, revoked_at FROM taskq.api_tokens ORDER BY name;
+
+-- name: token_revoke
+-- `changed` is false for a token already revoked; no row for an unknown name
+WITH old AS (
+    SELECT name, revoked_at IS NOT NULL AS was_revoked FROM taskq.api_tokens WHERE name = %(name)s FOR UPDATE
+), upd AS (
+    UPDATE taskq.api_tokens AS t SET revoked_at = now()
+    FROM old WHERE t.name = old.name AND NOT old.was_revoked
+    RETURNING t.name
+)
+SELECT old.name, (SELECT count(*) FROM upd) > 0 AS changed FROM old;
+
+-- name: token_lookup
+-- The live token with this hash, stamping last_used_at at most once a minute.
+WITH t AS (
+    SELECT name, grants, last_used_at FROM taskq.api_tokens
+    WHERE token_hash = %(token_hash)s AND revoked_at IS NULL
+), touch AS (
+    UPDATE taskq.api_tokens AS a SET last_used_at = now()
+    FROM t WHERE a.name = t.name AND (t.last_used_at IS NULL OR t.last_used_at < now() - interval '1 minute')
+)
+SELECT name, grants FROM t;
+
+-- ---- idempotency receipts and audit -------------------------------------------------------------------
+
+-- name: receipt_claim
+-- First statement of an action's transaction: a duplicate of a request in flight waits here on the
+-- primary key until the first commits (then replays) or rolls back (then runs).
+INSERT INTO taskq.operator_requests (principal, key, fingerprint)
+VALUES (%(principal)s, %(key)s, %(fingerprint)s)
+ON CONFLICT (principal, key) DO NOTHING
+RETURNING key;
+
+-- name: receipt_get
+SELECT fingerprint, status, body FROM taskq.operator_requests WHERE principal = %(principal)s AND key = %(key)s;
+
+-- name: receipt_store
+UPDATE taskq.operator_requests SET status = %(status)s, body = %(body)s::jsonb
+WHERE principal = %(principal)s AND key = %(key)s;
+
+-- name: audit_insert
+-- One audit row per job touched (or one with no job, for a schedule), and for each job one 'operator'
+-- event on its timeline, in the caller's transaction.
+WITH a AS (
+    INSERT INTO taskq.operator_audit (principal, action, outcome, queue, job_id, schedule, reason, request_id,
+                                      idempotency_key, expected_revision, revision, detail)
+    SELECT %(principal)s, %(action)s, u.outcome, u.queue, u.job_id, %(schedule)s, %(reason)s, %(request_id)s,
+           %(idempotency_key)s, %(expected_revision)s, u.revision, %(detail)s::jsonb
+    FROM unnest(%(job_ids)s::uuid[], %(queues)s::text[], %(revisions)s::bigint[], %(outcomes)s::text[])
+        AS u(job_id, queue, revision, outcome)
+    RETURNING id, job_id, outcome, revision
+), ev AS (
+    INSERT INTO taskq.job_events (job_id, kind, detail)
+    SELECT a.job_id, 'operator',
+           jsonb_strip_nulls(jsonb_build_object(
+               'principal', %(principal)s::text, 'action', %(action)s::text, 'outcome', a.outcome,
+               'reason', %(reason)s::text, 'request_id', %(request_id)s::text, 'audit_id', a.id,
+               'revision', a.revision))
+    FROM a WHERE a.job_id IS NOT NULL
+)
+SELECT count(*) FROM a;
+
+-- name: audit_for_job
+SELECT id, at, principal, action, outcome, queue, job_id, schedule, reason, request_id, idempotency_key,
+       expected_revision, revision, detail
+FROM taskq.operator_audit WHERE job_id = %(id)s ORDER BY id;
+
+-- ---- jobs ------------------------------------------------------------------------------------------
+
+-- name: job_lock
+SELECT * FROM taskq.jobs WHERE id = %(id)s FOR UPDATE;
+
+-- name: job_page
+-- One page of jobs, newest first, after the keyset cursor (created_at, id) of the previous page.
+-- `readable`: LIKE patterns of the queues the caller may read (NULL: all). The cursor is written as
+-- created_at <= X AND (created_at < X OR id < Y) so that created_at <= X is an index condition.
+-- `uncancelled`: only rows without a cancel request (a bulk cancel's selection).
+SELECT * FROM taskq.jobs
+WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+  AND (%(actors)s::text[] IS NULL OR actor = ANY(%(actors)s::text[]))
+  AND (%(tags)s::text[] IS NULL OR tags @> %(tags)s::text[])
+  AND (%(parent_id)s::uuid IS NULL OR parent_id = %(parent_id)s::uuid)
+  AND (%(created_after)s::timestamptz IS NULL OR created_at > %(created_after)s::timestamptz)
+  AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s::timestamptz)
+  AND (%(readable)s::text[] IS NULL OR queue LIKE ANY(%(readable)s::text[]))
+  AND (NOT %(uncancelled)s::boolean OR cancel_requested_at IS NULL)
+  AND (%(after_at)s::timestamptz IS NULL
+       OR (created_at <= %(after_at)s::timestamptz
+           AND (created_at < %(after_at)s::timestamptz OR id < %(after_id)s::uuid)))
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s;
+
+-- name: job_children
+SELECT * FROM taskq.jobs WHERE parent_id = %(id)s ORDER BY created_at, id LIMIT %(limit)s;
+
+-- name: jobs_cancelling
+-- Every cancel in flight: running rows with a cancel request (jobs_cancel_held_idx), oldest first.
+SELECT * FROM taskq.jobs
+WHERE status = 'running' AND cancel_requested_at IS NOT NULL
+  AND (%(readable)s::text[] IS NULL OR queue LIKE ANY(%(readable)s::text[]))
+ORDER BY cancel_requested_at, id
+LIMIT %(limit)s;
+
+-- name: job_escalated_at
+-- When the cancel ladder of each job reached phase 2 (its escalation event), for the time-left clocks.
+SELECT DISTINCT ON (job_id) job_id, at FROM taskq.job_events
+WHERE job_id = ANY(%(ids)s::uuid[]) AND kind = 'state_change' AND (detail ->> 'cancel_phase_to') = '2'
+ORDER BY job_id, id DESC;
+
+-- ---- stats (the overview) ---------------------------------------------------------------------------
+
+-- name: stats_depth
+-- Per queue, the waiting and running rows by status, from the two partial indexes that hold them, and
+-- the oldest waiting job. Finished rows are counted by stats_recent (the last hour), never all of them.
+SELECT queue, status, count(*) AS n, min(created_at) AS oldest
+FROM taskq.jobs WHERE status IN ('pending', 'scheduled')
+  AND (%(readable)s::text[] IS NULL OR queue LIKE ANY(%(readable)s::text[]))
+GROUP BY queue, status
+UNION ALL
+SELECT queue, status, count(*), min(started_at)
+FROM taskq.jobs WHERE status = 'running'
+  AND (%(readable)s::text[] IS NULL OR queue LIKE ANY(%(readable)s::text[]))
+GROUP BY queue, status
+ORDER BY 1, 2;
+
+-- name: stats_recent
+-- The finished jobs of the last %(minutes)s minutes per queue, minute and status, with run time p50/p95
+-- (seconds from start to finish), from the two retention indexes on finished_at.
+WITH f AS (
+    SELECT queue, status, finished_at, started_at FROM taskq.jobs
+    WHERE status IN ('succeeded', 'cancelled') AND finished_at > now() - %(minutes)s * interval '1 minute'
+      AND (%(readable)s::text[] IS NULL OR queue LIKE ANY(%(readable)s::text[]))
+    UNION ALL
+    SELECT queue, status, finished_at, started_at FROM taskq.jobs
+    WHERE status IN ('failed', 'crashed', 'abandoned') AND finished_at > now() - %(minutes)s * interval '1 minute'
+      AND (%(readable)s::text[] IS NULL OR queue LIKE ANY(%(readable)s::text[]))
+)
+SELECT queue, date_trunc('minute', finished_at) AS minute, status, count(*) AS n,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - started_at)) AS p50,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - started_at)) AS p95
+FROM f GROUP BY queue, minute, status ORDER BY queue, minute, status;
+
+-- name: workers_list
+-- The registry (a small table) with the number of rows each worker holds (jobs_running_lease_idx).
+SELECT w.id, w.host, w.pid, w.queues, w.concurrency, w.started_at, w.last_heartbeat_at, w.lease_expires_at,
+       w.stopping, extract(epoch FROM now() - w.last_heartbeat_at)::float8 AS heartbeat_age,
+       (SELECT count(*) FROM taskq.jobs AS j WHERE j.worker_id = w.id AND j.status = 'running') AS held
+FROM taskq.workers AS w
+ORDER BY w.id;
+
+-- name: worker_held_jobs
+SELECT * FROM taskq.jobs WHERE worker_id = %(id)s AND status = 'running' ORDER BY started_at, id LIMIT %(limit)s;

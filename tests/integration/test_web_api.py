@@ -1,0 +1,462 @@
+"""The /api/v1 JSON API against a real `taskq web` process (httpx over loopback) and a real database:
+auth (401/403), the cancel status codes, idempotent replays and key reuse, expected_revision conflicts,
+the audit row in the change's transaction, keyset pages under inserts, and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from uuid import UUID, uuid4
+
+import httpx
+import pytest
+from testkit import WebServer, query, wait_until
+
+from taskq.backend import Backend
+from taskq.tokens import create_token
+
+
+@dataclass
+class Api:
+    url: str
+    tokens: dict[str, str]
+    dsn: str
+
+    def client(self, token: str | None = "admin") -> httpx.AsyncClient:
+        headers = {"Authorization": f"Bearer {self.tokens[token]}"} if token else {}
+        return httpx.AsyncClient(base_url=self.url + "/api/v1", headers=headers, timeout=30)
+
+
+GRANTS = {
+    "admin": ["*@*"],
+    "reader": ["jobs:read@*"],
+    "billing": ["jobs:read@billing-*", "jobs:cancel@billing-*", "jobs:enqueue@billing-*"],
+}
+
+
+@pytest.fixture
+def server(dsn: str, tmp_path: Path) -> Iterator[WebServer]:
+    web = WebServer(dsn, "--cancellation-grace-period", "30", "--cleanup-grace-period", "10",
+                    log_path=tmp_path / "web.log")
+    try:
+        yield web
+    finally:
+        web.stop()
+
+
+@pytest.fixture
+async def api(dsn: str, server: WebServer) -> AsyncIterator[Api]:
+    backend = await Backend.open(dsn)
+    try:
+        tokens = {name: (await create_token(backend, name, grants))[1] for name, grants in GRANTS.items()}
+    finally:
+        await backend.close()
+    yield Api(server.url, tokens, dsn)
+
+
+def job(dsn: str, queue: str = "default", status: str = "pending", **extra: Any) -> UUID:
+    """A job row in `status`, written as the runtime would leave it (the worker is not under test here)."""
+    (row,) = query(dsn, "INSERT INTO taskq.jobs (actor, queue, payload) VALUES ('web.test', %s, '{}') RETURNING id",
+                   queue)
+    jid = UUID(str(row[0]))
+    if status == "running":
+        query(dsn, "UPDATE taskq.jobs SET revision = revision + 1, status = 'running', attempt = 1, claim_epoch = 1,"
+                   " worker_id = 'w1', lock_expires_at = now() + interval '1 hour', started_at = now() WHERE id = %s",
+              jid)
+    elif status == "scheduled":
+        query(dsn, "UPDATE taskq.jobs SET revision = revision + 1, status = 'scheduled',"
+                   " scheduled_at = now() + interval '1 day' WHERE id = %s", jid)
+    elif status != "pending":
+        query(dsn, "UPDATE taskq.jobs SET revision = revision + 1, status = %s, finished_at = now(),"
+                   " cancel_requested_at = CASE WHEN %s = 'cancelled' THEN now() END WHERE id = %s",
+              status, status, jid)
+    return jid
+
+
+def row(dsn: str, jid: UUID) -> dict[str, Any]:
+    (found,) = query(dsn, "SELECT to_jsonb(j) FROM taskq.jobs AS j WHERE id = %s", jid)
+    value: dict[str, Any] = found[0]
+    return value
+
+
+def audit_rows(dsn: str, jid: UUID) -> list[tuple[Any, ...]]:
+    return query(dsn, "SELECT principal, action, outcome, reason, request_id FROM taskq.operator_audit"
+                      " WHERE job_id = %s ORDER BY id", jid)
+
+
+def assert_problem(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    body: dict[str, Any] = response.json()
+    assert body["status"] == status and body["code"] == code and body["detail"] and body["title"]
+    assert body["type"].startswith("urn:taskq:problem:")
+    return body
+
+
+# -- auth ----------------------------------------------------------------------------------------------
+
+async def test_no_token_or_an_unknown_token_answers_401(api: Api) -> None:
+    jid = job(api.dsn)
+    async with api.client(None) as c:
+        assert_problem(await c.get("/jobs"), 401, "UNAUTHENTICATED")
+        assert_problem(await c.post(f"/jobs/{jid}:cancel"), 401, "UNAUTHENTICATED")
+        bad = await c.get("/jobs", headers={"Authorization": "Bearer tq_not-a-token"})
+        assert_problem(bad, 401, "UNAUTHENTICATED")
+        assert bad.headers["www-authenticate"].startswith("Bearer")
+        assert_problem(await c.get("/jobs", headers={"Authorization": "Basic eDp5"}), 401, "UNAUTHENTICATED")
+    assert row(api.dsn, jid)["status"] == "pending"
+
+
+async def test_a_grant_that_misses_the_action_or_the_queue_answers_403_and_changes_nothing(api: Api) -> None:
+    default_job = job(api.dsn, "default")
+    billing_job = job(api.dsn, "billing-eu")
+    async with api.client("reader") as c:
+        assert_problem(await c.post(f"/jobs/{default_job}:cancel"), 403, "PERMISSION_DENIED")
+    async with api.client("billing") as c:
+        assert_problem(await c.post(f"/jobs/{default_job}:cancel"), 403, "PERMISSION_DENIED")
+        assert_problem(await c.get(f"/jobs/{default_job}"), 403, "PERMISSION_DENIED")
+        assert_problem(await c.post("/jobs", json={"actor": "x", "queue": "default"}), 403, "PERMISSION_DENIED")
+        assert_problem(await c.post(f"/jobs/{billing_job}:requeue"), 403, "PERMISSION_DENIED")
+        assert (await c.post(f"/jobs/{billing_job}:cancel")).status_code == 200
+    assert row(api.dsn, default_job)["status"] == "pending" and row(api.dsn, default_job)["revision"] == 1
+    assert audit_rows(api.dsn, default_job) == []
+
+
+async def test_lists_show_only_the_queues_the_token_may_read(api: Api) -> None:
+    mine = {job(api.dsn, "billing-eu"), job(api.dsn, "billing-us")}
+    job(api.dsn, "default")
+    job(api.dsn, "billing")  # 'billing-*' needs the dash
+    async with api.client("billing") as c:
+        listed = (await c.get("/jobs")).json()["jobs"]
+        stats = (await c.get("/stats")).json()
+    assert {UUID(j["id"]) for j in listed} == mine
+    assert set(stats["queues"]) == {"billing-eu", "billing-us"}
+
+
+async def test_a_revoked_token_stops_working(api: Api, dsn: str) -> None:
+    async with api.client("reader") as c:
+        assert (await c.get("/jobs")).status_code == 200
+        done = subprocess.run(  # noqa: ASYNC221 - the CLI under test, briefly
+            [sys.executable, "-m", "taskq.cli", "--dsn", dsn, "tokens", "revoke", "reader"],
+            capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "reader: revoked"
+
+        async def refused() -> bool:
+            return (await c.get("/jobs")).status_code == 401
+
+        from testkit import wait_for
+
+        await wait_for(refused, timeout=20, interval=0.5)
+
+
+# -- cancel status codes ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("status", ["pending", "scheduled"])
+async def test_cancel_of_a_waiting_job_answers_200_with_the_cancelled_row(api: Api, status: str) -> None:
+    jid = job(api.dsn, status=status)
+    async with api.client() as c:
+        r = await c.post(f"/jobs/{jid}:cancel", json={"reason": "operator says so"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["job"]["status"] == "cancelled" and body["job"]["error_class"] == "CancelledBeforeStart"
+    assert body["previous_status"] == status
+    assert body["job"]["revision"] == row(api.dsn, jid)["revision"] > (2 if status == "scheduled" else 1)
+    assert r.headers["etag"] == f'"{body["job"]["revision"]}"'
+
+
+async def test_cancel_of_a_running_job_answers_202_with_cancel_phase_1(api: Api) -> None:
+    jid = job(api.dsn, status="running")
+    async with api.client() as c:
+        r = await c.post(f"/jobs/{jid}:cancel", json={"reason": "stop"})
+        again = await c.post(f"/jobs/{jid}:cancel", json={"reason": "stop again"})
+    assert r.status_code == 202, r.text
+    assert r.json()["job"]["status"] == "running" and r.json()["job"]["cancel_phase"] == 1
+    assert r.headers["location"].endswith(f"/api/v1/jobs/{jid}")
+    # a cancel already in flight: a new operation is a conflict, with the row
+    body = assert_problem(again, 409, "STATE_CONFLICT")
+    assert body["job"]["cancel_reason"] == "stop"
+
+
+@pytest.mark.parametrize("status", ["succeeded", "failed", "cancelled", "crashed", "abandoned"])
+async def test_cancel_of_a_finished_job_answers_409_state_conflict_with_the_row(api: Api, status: str) -> None:
+    jid = job(api.dsn, status=status)
+    before = row(api.dsn, jid)
+    async with api.client() as c:
+        body = assert_problem(await c.post(f"/jobs/{jid}:cancel"), 409, "STATE_CONFLICT")
+    assert body["job"]["status"] == status and body["job"]["revision"] == before["revision"]
+    assert row(api.dsn, jid) == before
+
+
+# -- idempotency ---------------------------------------------------------------------------------------
+
+async def test_a_replay_returns_the_first_status_and_body_marked_as_a_replay(api: Api) -> None:
+    jid = job(api.dsn, status="running")
+    key = str(uuid4())
+    async with api.client() as c:
+        first = await c.post(f"/jobs/{jid}:cancel", json={"reason": "r"}, headers={"Idempotency-Key": key})
+        # the job moves on (its worker ends it cancelled); the stored 202 still replays unchanged
+        query(api.dsn, "UPDATE taskq.jobs SET revision = revision + 1, status = 'cancelled', finished_at = now()"
+                       " WHERE id = %s", jid)
+        again = await c.post(f"/jobs/{jid}:cancel", json={"reason": "r"}, headers={"Idempotency-Key": f'"{key}"'})
+    assert first.status_code == 202 and "idempotent-replayed" not in first.headers
+    assert again.status_code == 202 and again.headers["idempotent-replayed"] == "true"
+    assert again.json() == first.json()
+    assert len(audit_rows(api.dsn, jid)) == 1  # the replay did not act again
+
+
+async def test_a_key_reused_with_another_request_answers_422_and_changes_nothing(api: Api) -> None:
+    jid, other = job(api.dsn), job(api.dsn)
+    async with api.client() as c:
+        first = await c.post(f"/jobs/{jid}:cancel", json={"reason": "a"}, headers={"Idempotency-Key": "k-1"})
+        assert first.status_code == 200
+        assert_problem(await c.post(f"/jobs/{jid}:cancel", json={"reason": "b"}, headers={"Idempotency-Key": "k-1"}),
+                       422, "IDEMPOTENCY_KEY_REUSED")
+        assert_problem(await c.post(f"/jobs/{other}:cancel", json={"reason": "a"}, headers={"Idempotency-Key": "k-1"}),
+                       422, "IDEMPOTENCY_KEY_REUSED")
+    billing_job = job(api.dsn, "billing-eu")
+    async with api.client("billing") as c:  # another token's keys are its own
+        r = await c.post(f"/jobs/{billing_job}:cancel", json={"reason": "a"}, headers={"Idempotency-Key": "k-1"})
+        assert r.status_code == 200 and "idempotent-replayed" not in r.headers
+    assert row(api.dsn, other)["status"] == "pending" and audit_rows(api.dsn, other) == []
+
+
+async def test_a_refused_request_stores_no_receipt_so_its_key_can_be_sent_again(api: Api) -> None:
+    jid = job(api.dsn, "default")
+    async with api.client("billing") as c:
+        assert_problem(await c.post(f"/jobs/{jid}:cancel", headers={"Idempotency-Key": "again"}),
+                       403, "PERMISSION_DENIED")
+    assert query(api.dsn, "SELECT count(*) FROM taskq.operator_requests")[0][0] == 0
+
+
+# -- revision ------------------------------------------------------------------------------------------
+
+async def test_a_stale_expected_revision_answers_409_with_the_current_row(api: Api) -> None:
+    jid = job(api.dsn)
+    async with api.client() as c:
+        seen = (await c.get(f"/jobs/{jid}")).json()["job"]["revision"]
+        query(api.dsn, "UPDATE taskq.jobs SET revision = revision + 1, priority = 5 WHERE id = %s", jid)
+        body = assert_problem(await c.post(f"/jobs/{jid}:cancel", json={"expected_revision": seen}),
+                              409, "STATE_CONFLICT")
+        assert body["job"]["revision"] == seen + 1 and body["job"]["status"] == "pending"
+        assert_problem(await c.post(f"/jobs/{jid}:cancel", headers={"If-Match": f'"{seen}"'}), 409, "STATE_CONFLICT")
+        assert_problem(await c.post(f"/jobs/{jid}:cancel", json={"expected_revision": seen + 1},
+                                    headers={"If-Match": f'"{seen}"'}), 400, "INVALID_ARGUMENT")
+        assert row(api.dsn, jid)["status"] == "pending"
+        ok = await c.post(f"/jobs/{jid}:cancel", json={"expected_revision": seen + 1})
+    assert ok.status_code == 200 and ok.json()["job"]["revision"] == seen + 2
+    assert [a[2] for a in audit_rows(api.dsn, jid)] == ["conflict", "conflict", "cancelled"]
+
+
+# -- audit ---------------------------------------------------------------------------------------------
+
+async def test_the_audit_row_and_the_timeline_event_commit_in_the_transaction_of_the_change(api: Api) -> None:
+    jid = job(api.dsn, status="running")
+    async with api.client() as c:
+        r = await c.post(f"/jobs/{jid}:cancel", json={"reason": "audit me"}, headers={"X-Request-Id": "req-42"})
+    assert r.status_code == 202 and r.headers["x-request-id"] == "req-42"
+    assert audit_rows(api.dsn, jid) == [("admin", "jobs:cancel", "cancel_requested", "audit me", "req-42")]
+    # one transaction wrote the job row, its event and the audit row: they carry the same xmin
+    (xids,) = query(api.dsn, "SELECT (SELECT xmin::text FROM taskq.jobs WHERE id = %s),"
+                             " (SELECT xmin::text FROM taskq.operator_audit WHERE job_id = %s),"
+                             " (SELECT xmin::text FROM taskq.job_events WHERE job_id = %s AND kind = 'operator')",
+                    jid, jid, jid)
+    assert len(set(xids)) == 1, xids
+    (event,) = query(api.dsn, "SELECT detail FROM taskq.job_events WHERE job_id = %s AND kind = 'operator'", jid)
+    assert event[0]["principal"] == "admin" and event[0]["request_id"] == "req-42"
+
+
+async def test_a_failing_audit_write_rolls_the_change_back(api: Api) -> None:
+    jid = job(api.dsn)
+    query(api.dsn, "CREATE FUNCTION taskq.refuse() RETURNS trigger LANGUAGE plpgsql AS "
+                   "$$ BEGIN RAISE EXCEPTION 'audit refused'; END $$")
+    query(api.dsn, "CREATE TRIGGER refuse BEFORE INSERT ON taskq.operator_audit"
+                   " FOR EACH ROW EXECUTE FUNCTION taskq.refuse()")
+    async with api.client() as c:
+        assert_problem(await c.post(f"/jobs/{jid}:cancel", headers={"Idempotency-Key": "k"}), 500, "INTERNAL")
+    after = row(api.dsn, jid)
+    assert after["status"] == "pending" and after["revision"] == 1 and after["cancel_requested_at"] is None
+    assert query(api.dsn, "SELECT count(*) FROM taskq.job_events WHERE job_id = %s", jid)[0][0] == 0
+    assert query(api.dsn, "SELECT count(*) FROM taskq.operator_requests")[0][0] == 0
+
+
+# -- reads ---------------------------------------------------------------------------------------------
+
+async def test_keyset_pages_stay_stable_while_jobs_are_inserted(api: Api) -> None:
+    before = {job(api.dsn) for _ in range(23)}
+    seen: list[str] = []
+    async with api.client() as c:
+        cursor = None
+        while True:
+            params = {"limit": "5"} | ({"cursor": cursor} if cursor else {})
+            page = (await c.get("/jobs", params=params)).json()
+            seen += [j["id"] for j in page["jobs"]]
+            for _ in range(3):  # newer jobs arrive between pages: they sort before the cursor
+                job(api.dsn)
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+    assert len(seen) == len(set(seen)) == 23
+    assert {UUID(s) for s in seen} == before
+
+
+async def test_job_detail_has_revision_events_attempts_children_and_audit(api: Api) -> None:
+    parent = job(api.dsn)
+    (child,) = query(api.dsn, "INSERT INTO taskq.jobs (actor, payload, parent_id) VALUES ('c', '1', %s) RETURNING id",
+                     parent)
+    async with api.client() as c:
+        await c.post(f"/jobs/{parent}:cancel")
+        d = (await c.get(f"/jobs/{parent}")).json()
+    assert d["job"]["revision"] == 2 and d["job"]["status"] == "cancelled"
+    assert [e["kind"] for e in d["events"]] == ["state_change", "operator"]
+    assert d["attempts"] == [] and d["parents"] == []
+    assert [c_["id"] for c_ in d["children"]] == [str(child[0])]
+    assert [a["outcome"] for a in d["audit"]] == ["cancelled"]
+
+
+async def test_openapi_describes_every_route(api: Api) -> None:
+    async with httpx.AsyncClient(base_url=api.url) as c:
+        spec = (await c.get("/api/v1/openapi.json")).json()
+    assert spec["openapi"].startswith("3.1")
+    for path in ("/jobs", "/jobs/{job_id}", "/jobs/{job_id}:cancel", "/jobs/{job_id}:requeue", "/jobs:cancel",
+                 "/jobs:requeue", "/workers", "/schedules", "/queues", "/stats", "/cancellations",
+                 "/schedules/{name}:pause", "/schedules/{name}:resume", "/schedules/{name}:trigger",
+                 "/queues/{name}:pause", "/queues/{name}:resume"):
+        assert path in spec["paths"], path
+    assert "revision" in spec["components"]["schemas"]["JobRow"]["properties"]
+
+
+# -- writes --------------------------------------------------------------------------------------------
+
+async def test_enqueue_requeue_and_bulk_cancel(api: Api) -> None:
+    async with api.client() as c:
+        made = await c.post("/jobs", json={"actor": "web.made", "payload": {"n": 1}, "queue": "q1", "tags": ["t"]},
+                            headers={"Idempotency-Key": "enq-1"})
+        replay = await c.post("/jobs", json={"actor": "web.made", "payload": {"n": 1}, "queue": "q1", "tags": ["t"]},
+                              headers={"Idempotency-Key": "enq-1"})
+        assert made.status_code == 201 and replay.status_code == 201 and replay.json() == made.json()
+        assert query(api.dsn, "SELECT count(*) FROM taskq.jobs WHERE actor = 'web.made'")[0][0] == 1
+        failed = job(api.dsn, "q1", status="failed")
+        r = await c.post(f"/jobs/{failed}:requeue", json={"reason": "fixed", "attempts": 2})
+        assert r.status_code == 200 and r.json()["job"]["status"] == "pending"
+        assert r.json()["job"]["max_attempts"] == 2
+        assert_problem(await c.post(f"/jobs/{failed}:requeue"), 409, "STATE_CONFLICT")
+        for _ in range(4):
+            job(api.dsn, "bulkq")
+        job(api.dsn, "bulkq", status="running")
+        bulk = await c.post("/jobs:cancel", json={"filter": {"queue": "bulkq"}, "limit": 3, "reason": "drain"})
+        assert bulk.status_code == 200, bulk.text
+        b = bulk.json()
+        assert b["matched"] == 3 and len(b["job_ids"]) == 3 and b["more"] is True
+        rest = (await c.post("/jobs:cancel", json={"filter": {"queue": "bulkq"}, "limit": 10})).json()
+        assert rest["matched"] == 2 and rest["more"] is False
+        assert sum(b["by_previous_status"].values()) + sum(rest["by_previous_status"].values()) == 5
+        assert_problem(await c.post("/jobs:cancel", json={"filter": {}}), 400, "INVALID_ARGUMENT")
+        assert_problem(await c.post("/jobs:cancel", json={"filter": {"queue": "x"}, "limit": 5000}),
+                       400, "INVALID_ARGUMENT")
+    assert query(api.dsn, "SELECT count(*) FROM taskq.operator_audit WHERE action = 'jobs:cancel'")[0][0] == 5
+    assert query(api.dsn, "SELECT count(*) FROM taskq.jobs WHERE queue = 'bulkq' AND cancel_requested_at IS NULL"
+                 )[0][0] == 0
+
+
+async def test_schedules_pause_resume_and_trigger(api: Api) -> None:
+    query(api.dsn, "INSERT INTO taskq.schedules (name, actor, queue, every_seconds, definition, next_run_at, owner)"
+                   " VALUES ('nightly', 'web.tick', 'default', 3600, 'every 3600s', now() + interval '1 hour', 't')")
+    async with api.client() as c:
+        paused = await c.post("/schedules/nightly:pause")
+        assert paused.status_code == 200 and paused.json()["paused"] is True
+        listed = (await c.get("/schedules")).json()["schedules"]
+        assert listed[0]["paused"] is True and listed[0]["paused_by"] == "admin"
+        trig = await c.post("/schedules/nightly:trigger")
+        assert trig.status_code == 200 and UUID(trig.json()["job_id"])
+        assert (await c.post("/schedules/nightly:resume")).json()["paused"] is False
+        assert_problem(await c.post("/schedules/nope:pause"), 404, "NOT_FOUND")
+        assert_problem(await c.post("/queues/default:pause"), 501, "NOT_IMPLEMENTED")
+    assert [r[0] for r in query(api.dsn, "SELECT action FROM taskq.operator_audit ORDER BY id")] == [
+        "schedules:pause", "schedules:trigger", "schedules:resume"]
+
+
+# -- bad input -----------------------------------------------------------------------------------------
+
+BAD_REQUESTS: list[tuple[str, str, str, dict[str, Any], int, str]] = [
+    ("malformed id", "GET", "/jobs/not-a-uuid", {}, 400, "INVALID_ARGUMENT"),
+    ("malformed id on cancel", "POST", "/jobs/123:cancel", {}, 400, "INVALID_ARGUMENT"),
+    ("unknown filter", "GET", "/jobs?color=red", {}, 400, "INVALID_ARGUMENT"),
+    ("unknown status", "GET", "/jobs?status=done", {}, 400, "INVALID_ARGUMENT"),
+    ("naive time", "GET", "/jobs?created_after=2030-01-01T00:00:00", {}, 400, "INVALID_ARGUMENT"),
+    ("bad cursor", "GET", "/jobs?cursor=%%%", {}, 400, "INVALID_ARGUMENT"),
+    ("limit too big", "GET", "/jobs?limit=100000", {}, 400, "INVALID_ARGUMENT"),
+    ("NUL in a filter", "GET", "/jobs?queue=a%00b", {}, 400, "INVALID_ARGUMENT"),
+    ("not JSON", "POST", "/jobs/{id}:cancel", {"content": b"{nope"}, 400, "INVALID_ARGUMENT"),
+    ("NaN", "POST", "/jobs/{id}:cancel", {"content": b'{"expected_revision": NaN}'}, 400, "INVALID_ARGUMENT"),
+    ("not an object", "POST", "/jobs/{id}:cancel", {"content": b"[1]"}, 400, "INVALID_ARGUMENT"),
+    ("unknown field", "POST", "/jobs/{id}:cancel", {"json": {"force": True}}, 400, "INVALID_ARGUMENT"),
+    ("revision not a number", "POST", "/jobs/{id}:cancel", {"json": {"expected_revision": "x"}}, 400,
+     "INVALID_ARGUMENT"),
+    ("bad If-Match", "POST", "/jobs/{id}:cancel", {"headers": {"If-Match": "soon"}}, 400, "INVALID_ARGUMENT"),
+    ("bad key", "POST", "/jobs/{id}:cancel", {"headers": {"Idempotency-Key": "x" * 300}}, 400, "INVALID_ARGUMENT"),
+    ("oversized body", "POST", "/jobs/{id}:cancel", {"content": b'{"reason": "' + b"x" * 2_000_000 + b'"}'}, 413,
+     "TOO_LARGE"),
+    ("unknown job", "POST", f"/jobs/{uuid4()}:cancel", {}, 404, "NOT_FOUND"),
+    ("unknown route", "GET", "/nothing-here", {}, 404, "NOT_FOUND"),
+    ("enqueue without actor", "POST", "/jobs", {"json": {"payload": 1}}, 400, "INVALID_ARGUMENT"),
+    ("enqueue bad priority", "POST", "/jobs", {"json": {"actor": "a", "priority": 2**40}}, 400, "INVALID_ARGUMENT"),
+    ("enqueue NUL queue", "POST", "/jobs", {"json": {"actor": "a", "queue": "a\u0000"}}, 400, "INVALID_ARGUMENT"),
+    ("bulk unknown filter", "POST", "/jobs:cancel", {"json": {"filter": {"colour": "red"}}}, 400,
+     "INVALID_ARGUMENT"),
+    ("schedule action with a body", "POST", "/schedules/x:pause", {"json": {"now": True}}, 400, "INVALID_ARGUMENT"),
+]
+
+
+@pytest.mark.parametrize(("what", "method", "path", "extra", "status", "code"), BAD_REQUESTS,
+                         ids=[b[0] for b in BAD_REQUESTS])
+async def test_bad_input_gets_the_error_shape_and_changes_nothing(
+    api: Api, what: str, method: str, path: str, extra: dict[str, Any], status: int, code: str
+) -> None:
+    jid = job(api.dsn)
+    before = row(api.dsn, jid)
+    jobs_before = query(api.dsn, "SELECT count(*) FROM taskq.jobs")[0][0]
+    async with api.client() as c:
+        r = await c.request(method, path.replace("{id}", str(jid)), **extra)
+    assert_problem(r, status, code)
+    assert row(api.dsn, jid) == before
+    assert query(api.dsn, "SELECT count(*) FROM taskq.jobs")[0][0] == jobs_before
+    assert query(api.dsn, "SELECT count(*) FROM taskq.operator_audit")[0][0] == 0
+    assert query(api.dsn, "SELECT count(*) FROM taskq.operator_requests")[0][0] == 0
+
+
+# -- serving -------------------------------------------------------------------------------------------
+
+def test_serving_without_auth_off_loopback_is_refused(dsn: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "taskq.cli", "--dsn", dsn, "web", "--host", "0.0.0.0", "--no-auth"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "refusing to serve without auth" in done.stderr
+
+
+def test_tokens_cli_prints_the_token_once_and_stores_only_its_hash(dsn: str) -> None:
+    def taskq(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "taskq.cli", "--dsn", dsn, *args], capture_output=True,
+                              text=True, timeout=60, check=False)
+
+    made = taskq("tokens", "create", "ops", "--grant", "jobs:read@*", "--grant", "jobs:cancel@billing-*")
+    assert made.returncode == 0, made.stderr
+    token = made.stdout.strip()
+    assert token.startswith("tq_") and len(token) > 40
+    assert query(dsn, "SELECT count(*) FROM taskq.api_tokens WHERE token_hash = %s", token)[0][0] == 0
+    listed = taskq("tokens", "list", "--json")
+    assert token not in listed.stdout and json.loads(listed.stdout)[0]["grants"] == [
+        "jobs:read@*", "jobs:cancel@billing-*"]
+    assert taskq("tokens", "create", "ops", "--grant", "jobs:read@*").returncode == 7
+    assert taskq("tokens", "create", "x", "--grant", "jobs:destroy@*").returncode == 2
+    assert taskq("tokens", "create", "bad name", "--grant", "jobs:read@*").returncode == 2
+    assert taskq("tokens", "revoke", "nobody").returncode == 4
+    assert taskq("tokens", "revoke", "ops").returncode == 0
+    assert taskq("tokens", "revoke", "ops").stdout.strip() == "ops: already revoked"
+    wait_until(lambda: query(dsn, "SELECT revoked_at IS NOT NULL FROM taskq.api_tokens")[0][0])
+

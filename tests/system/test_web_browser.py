@@ -1,0 +1,175 @@
+"""The dashboard in a real browser: headless Chromium (Debian's `chromium` and `chromium-driver`, which
+.ci/run installs) driven by Selenium with the system driver, against a real `taskq web` process, a real
+worker process and a real database. Log in, filter the jobs, open one, cancel it and watch its timeline
+update without a reload; pause a schedule (queue pause lands with queue control, issue 16); take a
+screenshot of every page (into $TASKQ_WEB_SCREENSHOTS when set, e.g. docs/web, else the test's tmp dir)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import Select, WebDriverWait
+from testkit import WebServer, query, wait_until
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+
+
+@pytest.fixture
+def browser() -> Iterator[WebDriver]:
+    assert Path(CHROMEDRIVER).exists() and Path(CHROMIUM).exists(), (
+        "the browser tests need Debian's chromium and chromium-driver: apt-get install chromium chromium-driver")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                 "--window-size=1400,1000", "--disable-extensions", "--no-first-run"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Callable[[WebDriver, str], Path]:
+    folder = Path(os.environ.get("TASKQ_WEB_SCREENSHOTS") or tmp_path / "screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def shot(driver: WebDriver, name: str) -> Path:
+        path = folder / f"{name}.png"
+        assert driver.save_screenshot(str(path)), f"no screenshot of {name}"
+        assert path.stat().st_size > 5000, f"screenshot {name} is empty"
+        return path
+
+    return shot
+
+
+def taskq_token(dsn: str, name: str, *grants: str) -> str:
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-m", "taskq.cli", "--dsn", dsn, "tokens", "create", name]
+    for g in grants:
+        args += ["--grant", g]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout.strip()
+
+
+def enqueue(dsn: str, actor: str, payload: Any, queue: str = "default", tags: tuple[str, ...] = ()) -> UUID:
+    (row,) = query(dsn, "INSERT INTO taskq.jobs (actor, queue, payload, tags) VALUES (%s, %s, %s::jsonb, %s)"
+                        " RETURNING id", actor, queue, json.dumps(payload), list(tags))
+    query(dsn, "SELECT pg_notify('taskq_jobs', %s)", queue)
+    return UUID(str(row[0]))
+
+
+def wait_css(driver: WebDriver, css: str, timeout: float = 20) -> Any:
+    return WebDriverWait(driver, timeout).until(lambda d: d.find_elements(By.CSS_SELECTOR, css) or False)[0]
+
+
+def test_dashboard_in_a_real_browser(
+    dsn: str, tmp_path: Path, spawn_worker: Any, browser: WebDriver, shots: Callable[[WebDriver, str], Path]
+) -> None:
+    token = taskq_token(dsn, "operator", "*@*")
+    query(dsn, "INSERT INTO taskq.schedules (name, actor, queue, every_seconds, definition, next_run_at, owner)"
+               " VALUES ('nightly-report', 'test.noop', 'reports', 86400, 'every 86400s',"
+               " now() + interval '9 h', 'app')")
+    worker = spawn_worker(cancellation_grace_period=60, cleanup_grace_period=5, concurrency=4)
+    worker.worker_id()
+    for n in range(3):
+        enqueue(dsn, "test.noop", n, queue="default")
+    for n in range(4):
+        enqueue(dsn, "test.report", {"n": n}, queue="billing-eu", tags=("tenant-a",))
+    target = enqueue(dsn, "test.sleep", {"seconds": 120}, queue="default", tags=("demo",))
+    stubborn = enqueue(dsn, "test.sleep", {"seconds": 120, "cooperative": False}, queue="default")
+    wait_until(lambda: query(dsn, "SELECT count(*) FROM taskq.jobs WHERE id IN (%s, %s) AND status = 'running'",
+                             target, stubborn)[0][0] == 2, timeout=30)
+    web = WebServer(dsn, "--poll-interval", "0.5", "--cancellation-grace-period", "60", "--cleanup-grace-period",
+                    "5", log_path=tmp_path / "web.log")
+    try:
+        b = browser
+        # log in (a page without a session goes to the login page)
+        b.get(web.url + "/jobs")
+        wait_css(b, "#token")
+        shots(b, "login")
+        b.find_element(By.ID, "token").send_keys("tq_wrong")
+        b.find_element(By.ID, "login").click()
+        assert "unknown or revoked token" in wait_css(b, "#login-error").text
+        b.find_element(By.ID, "token").send_keys(token)
+        b.find_element(By.ID, "login").click()
+        wait_css(b, "#jobs")
+        cookie = b.get_cookie("taskq_session")
+        assert cookie is not None and cookie["sameSite"] == "Strict" and cookie["httpOnly"] is True
+
+        b.get(web.url + "/")
+        wait_css(b, "#queues")
+        WebDriverWait(b, 20).until(lambda d: "billing-eu" in d.find_element(By.ID, "queues").text)
+        shots(b, "overview")
+
+        # filter the jobs
+        b.get(web.url + "/jobs")
+        Select(wait_css(b, "#f-status")).select_by_value("running")
+        b.find_element(By.ID, "f-queue").send_keys("default")
+        b.find_element(By.ID, "apply").click()
+        WebDriverWait(b, 20).until(lambda d: "status=running" in d.current_url)
+        rows = b.find_elements(By.CSS_SELECTOR, "#jobs tr.job")
+        assert {r.find_element(By.CSS_SELECTOR, "a.job-link").text for r in rows} == {str(target), str(stubborn)}
+        shots(b, "jobs")
+
+        # open one and cancel it; its timeline updates without a reload
+        b.find_element(By.LINK_TEXT, str(target)).click()
+        wait_css(b, "#cancel")
+        shots(b, "job")
+        b.find_element(By.ID, "cancel-reason").send_keys("demo cancel")
+        b.find_element(By.ID, "cancel").click()
+        assert "202" in wait_css(b, "#message").text
+        b.execute_script("window.__same_page = 'yes';")
+        WebDriverWait(b, 30).until(lambda d: d.find_element(By.ID, "status").text == "cancelled")
+        assert b.execute_script("return window.__same_page;") == "yes", "the page reloaded"
+        timeline = b.find_element(By.ID, "timeline").text
+        assert "operator" in timeline and "cancel_requested" in timeline and "running → cancelled" in timeline
+        shots(b, "job-cancelled")
+
+        # a cancel the actor ignores stays in phase 1 with its grace clock running
+        b.get(web.url + f"/jobs/{stubborn}")
+        wait_css(b, "#cancel").click()
+        wait_css(b, "#message")
+        b.get(web.url + "/cancellations")
+        WebDriverWait(b, 20).until(lambda d: str(stubborn) in d.find_element(By.CSS_SELECTOR, "table.phase-1").text)
+        shots(b, "cancellations")
+
+        b.get(web.url + "/workers")
+        WebDriverWait(b, 20).until(lambda d: worker.worker_id() in d.find_element(By.ID, "workers").text)
+        shots(b, "workers")
+
+        # pause a schedule
+        b.get(web.url + "/schedules")
+        wait_css(b, "button.sched-pause").click()
+        WebDriverWait(b, 20).until(lambda d: "paused" in d.find_element(By.CSS_SELECTOR, "td.state").text)
+        assert query(dsn, "SELECT paused_by FROM taskq.schedules")[0][0] == "operator"
+        shots(b, "schedules")
+
+        # bulk cancel by filter, behind a confirmation
+        b.get(web.url + "/jobs?queue=billing-eu")
+        wait_css(b, "#bulk-cancel").click()
+        wait_css(b, "#confirm")
+        shots(b, "bulk-confirm")
+        b.find_element(By.ID, "confirm").click()
+        assert "cancel: 4 of 4 matched" in wait_css(b, "#message").text
+        assert query(dsn, "SELECT count(*) FROM taskq.jobs WHERE queue = 'billing-eu' AND status = 'cancelled'"
+                     )[0][0] == 4
+        assert query(dsn, "SELECT count(*) FROM taskq.operator_audit WHERE principal = 'operator'")[0][0] == 7
+    finally:
+        web.stop()
