@@ -48,6 +48,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from uuid import UUID
 
+from taskq import tracing
 from taskq.actors.thread import ActorInterrupted
 from taskq.models import CancelOrigin
 
@@ -258,7 +259,8 @@ class _Child:
             try:
                 if self.interrupt_pending:
                     raise ActorInterrupted("taskq: forced cancel before the actor started")
-                result = actor.fn(payload, ctx) if actor.takes_context else actor.fn(payload)
+                with tracing.attached(spec.get("trace")):
+                    result = actor.fn(payload, ctx) if actor.takes_context else actor.fn(payload)
             finally:
                 self.state = "busy"
         except ActorInterrupted:

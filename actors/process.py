@@ -37,6 +37,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from taskq import tracing
 from taskq.actors.child import HEADER, JobKey, child_main, encode_frame, pickle_exception
 from taskq.actors.thread import stand_in_error
 from taskq.exceptions import TaskqError
@@ -160,6 +161,7 @@ class ProcessExecutor:
             "payload": actor.payload_adapter.dump_json(ctx.payload), "last_progress": ctx.last_progress,
             "cancel_origin": origin.value if origin is not None else None,
             "scheduled_for": ctx.scheduled_for.isoformat() if ctx.scheduled_for is not None else None,
+            "trace": tracing.carrier(),  # the consumer span, continued in the child
         }
         try:
             child.send(("run", key, spec))

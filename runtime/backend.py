@@ -129,6 +129,8 @@ class JobOptions:
     schedule_to_close: float | None
     parent_id: UUID | None = None
     idempotent: bool = True
+    trace_context: str | None = None
+    """JSON text of the W3C trace context of the enqueue (taskq.tracing), or None."""
 
     def params(self) -> dict[str, Any]:
         return {
@@ -141,6 +143,7 @@ class JobOptions:
             "scheduled_at": self.scheduled_at,
             "schedule_to_close": self.schedule_to_close,
             "parent_id": self.parent_id,
+            "trace_context": self.trace_context,
         }
 
 
@@ -275,6 +278,7 @@ class InsertedJob:
                 requeue_count=0,
                 snooze_count=0,
                 idempotent=opts.idempotent,
+                trace_context=from_json(opts.trace_context) if opts.trace_context is not None else None,
             )
         )
 

@@ -105,6 +105,9 @@ class JobRow(BaseModel):
     """The schedule that made this job, if one did."""
     scheduled_for: datetime | None = None
     """Its nominal slot time (a trigger's own instant)."""
+    trace_context: dict[str, str] | None = None
+    """The W3C trace context (traceparent, tracestate) the job was enqueued in, when OpenTelemetry traced
+    the enqueue (taskq.contrib.otel)."""
 
     @property
     def is_terminal(self) -> bool:

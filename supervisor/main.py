@@ -182,7 +182,7 @@ def supervisor_command(args: argparse.Namespace) -> int:
     if not multiprocess_ready():
         return _reexec(options, raw)
     os.environ.pop(ENV_REEXEC, None)
-    configure_logging()
+    configure_logging(settings.log_format)
     inherited = inherited_fds()
     try:
         try:

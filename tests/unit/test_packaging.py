@@ -96,7 +96,12 @@ threads_before = threading.active_count()
 sockets_before = sockets()
 import taskq
 import taskq.backend, taskq.client, taskq.migrations, taskq.models, taskq.actors, taskq.sql
+import taskq.client_sync, taskq.tracing, taskq.logs, taskq.metrics, taskq.worker.main, taskq.actors.child
+import sys
+extras = ("opentelemetry", "django", "django_tasks", "sqlalchemy")
+optional = sorted(m for m in sys.modules if m.split(".")[0] in extras)
 print(json.dumps({
+    "optional": optional,
     "threads": [threads_before, threading.active_count()],
     "sockets": [sockets_before, sockets()],
     "os_threads": os.listdir(f"/proc/{os.getpid()}/task"),
@@ -123,3 +128,4 @@ def test_importing_taskq_opens_no_connection_and_starts_no_thread(tmp_path: Path
     assert len(report["os_threads"]) == 1, "importing taskq started an OS thread"
     assert sockets_after == sockets_before, "importing taskq opened a socket"
     assert report["data_dir"] == [], "importing taskq touched the embedded server's data dir"
+    assert report["optional"] == [], "importing taskq (or its sync client, worker, tracing seam) imported an extra"
