@@ -6,10 +6,11 @@ them) and returns models. Worker-side operations live in `taskq.worker.store` on
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Self, TypeVar, cast
@@ -309,13 +310,20 @@ def check_caller_connection(conn: AsyncConnection[Any], database: str | None) ->
         )
 
 
-def schema_missing_on(conn: AsyncConnection[Any]) -> SchemaNotReady:
-    """The error for a caller's connection whose database has no (or an older) taskq schema."""
-    aborted = conn.info.transaction_status == pq.TransactionStatus.INERROR
-    return SchemaNotReady(
-        "the database of the connection given as connection= has no taskq schema (or an older one): run "
-        "`taskq migrate`" + ("; your transaction is now aborted: roll it back" if aborted else "")
-    )
+@contextlib.contextmanager
+def schema_needed(conn: AsyncConnection[Any] | None) -> Iterator[None]:
+    """On a caller's connection, a missing (or older) taskq schema is SchemaNotReady naming `taskq migrate`
+    and saying whether the caller's transaction is now aborted; on the pool's own it is left as it is."""
+    try:
+        yield
+    except (errors.UndefinedTable, errors.UndefinedColumn):
+        if conn is None:
+            raise
+        aborted = conn.info.transaction_status == pq.TransactionStatus.INERROR
+        raise SchemaNotReady(
+            "the database of the connection given as connection= has no taskq schema (or an older one): run "
+            "`taskq migrate`" + ("; your transaction is now aborted: roll it back" if aborted else "")
+        ) from None
 
 
 def row_to_job(row: dict[str, Any]) -> JobRow:
@@ -455,19 +463,13 @@ class Backend:
         if job.unique_key is not None:
             from taskq import backend_unique  # it builds on this module
 
-            try:
+            with schema_needed(conn):
                 inserted = await backend_unique.insert_unique(self.pool, job, conn, notify=notify)
-            except (errors.UndefinedTable, errors.UndefinedColumn):
-                if conn is None:
-                    raise
-                raise schema_missing_on(conn) from None
         elif conn is not None:
-            try:
+            with schema_needed(conn):
                 async with caller_cursor(conn) as cur:
                     await cur.execute(sql.query("job_insert"), job.params())
                     written = await cur.fetchone()
-            except (errors.UndefinedTable, errors.UndefinedColumn):
-                raise schema_missing_on(conn) from None
         else:
             # getconn/putconn rather than pool.connection(): its `async with conn` issues a no-op
             # commit whose Python overhead is a tenth of a single enqueue (the pool is autocommit)
@@ -502,18 +504,12 @@ class Backend:
         if batch.unique_keys is not None:
             from taskq import backend_unique
 
-            try:
+            with schema_needed(conn):
                 skipped = await backend_unique.insert_many_unique(self.pool, batch, conn, notify=notify)
-            except (errors.UndefinedTable, errors.UndefinedColumn):
-                if conn is None:
-                    raise
-                raise schema_missing_on(conn) from None
         elif conn is not None:
-            try:
+            with schema_needed(conn):
                 async with caller_cursor(conn) as cur:
                     await cur.execute(sql.query("job_insert_many"), batch.params())
-            except (errors.UndefinedTable, errors.UndefinedColumn):
-                raise schema_missing_on(conn) from None
         else:
             params = batch.params()
             params["notify"] = notify

@@ -11,8 +11,9 @@ them) and returns models. Worker-side operations live in `taskq.worker.store` on
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any, Self, TypeVar, cast
 from uuid import UUID
@@ -86,13 +87,20 @@ def check_caller_connection(conn: Connection[Any], database: str | None) -> None
         )
 
 
-def schema_missing_on(conn: Connection[Any]) -> SchemaNotReady:
-    """The error for a caller's connection whose database has no (or an older) taskq schema."""
-    aborted = conn.info.transaction_status == pq.TransactionStatus.INERROR
-    return SchemaNotReady(
-        "the database of the connection given as connection= has no taskq schema (or an older one): run `taskq migrate`"
-        + ("; your transaction is now aborted: roll it back" if aborted else "")
-    )
+@contextlib.contextmanager
+def schema_needed(conn: Connection[Any] | None) -> Iterator[None]:
+    """On a caller's connection, a missing (or older) taskq schema is SchemaNotReady naming `taskq migrate`
+    and saying whether the caller's transaction is now aborted; on the pool's own it is left as it is."""
+    try:
+        yield
+    except (errors.UndefinedTable, errors.UndefinedColumn):
+        if conn is None:
+            raise
+        aborted = conn.info.transaction_status == pq.TransactionStatus.INERROR
+        raise SchemaNotReady(
+            "the database of the connection given as connection= has no taskq schema (or an older one): run `taskq migrate`"
+            + ("; your transaction is now aborted: roll it back" if aborted else "")
+        ) from None
 
 
 def check_schema(conn: Connection[Any]) -> int:
@@ -202,19 +210,13 @@ class SyncBackend:
         if job.unique_key is not None:
             from taskq import backend_unique_sync
 
-            try:
+            with schema_needed(conn):
                 inserted = backend_unique_sync.insert_unique(self.pool, job, conn, notify=notify)
-            except (errors.UndefinedTable, errors.UndefinedColumn):
-                if conn is None:
-                    raise
-                raise schema_missing_on(conn) from None
         elif conn is not None:
-            try:
+            with schema_needed(conn):
                 with caller_cursor(conn) as cur:
                     cur.execute(sql.query("job_insert"), job.params())
                     written = cur.fetchone()
-            except (errors.UndefinedTable, errors.UndefinedColumn):
-                raise schema_missing_on(conn) from None
         else:
             params = job.params()
             params["notify"] = notify
@@ -245,18 +247,12 @@ class SyncBackend:
         if batch.unique_keys is not None:
             from taskq import backend_unique_sync
 
-            try:
+            with schema_needed(conn):
                 skipped = backend_unique_sync.insert_many_unique(self.pool, batch, conn, notify=notify)
-            except (errors.UndefinedTable, errors.UndefinedColumn):
-                if conn is None:
-                    raise
-                raise schema_missing_on(conn) from None
         elif conn is not None:
-            try:
+            with schema_needed(conn):
                 with caller_cursor(conn) as cur:
                     cur.execute(sql.query("job_insert_many"), batch.params())
-            except (errors.UndefinedTable, errors.UndefinedColumn):
-                raise schema_missing_on(conn) from None
         else:
             params = batch.params()
             params["notify"] = notify

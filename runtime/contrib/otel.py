@@ -112,22 +112,29 @@ class Tracing:
 
 
 _lock = threading.Lock()
-_cached: tuple[object, Tracing] | None = None
+_made: dict[str, tuple[object, Any]] = {}
+
+
+def _for_provider(kind: str, provider: Any, make: Any) -> Any:
+    """What `make(provider)` built for this global provider, built again when the provider changes; None
+    while the API's placeholder (proxy or no-op: nothing configured) is the provider."""
+    cached = _made.get(kind)
+    if cached is not None and cached[0] is provider:
+        return cached[1]
+    if type(provider).__name__ in ("ProxyTracerProvider", "NoOpTracerProvider", "_ProxyMeterProvider",
+                                   "NoOpMeterProvider"):
+        return None
+    with _lock:
+        made = make(provider)
+        _made[kind] = (provider, made)
+    return made
 
 
 def tracing() -> Tracing | None:
-    """The Tracing for the current global tracer provider; None while none is set (API's proxy)."""
-    global _cached
-    provider = trace.get_tracer_provider()
-    cached = _cached
-    if cached is not None and cached[0] is provider:
-        return cached[1]
-    if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
-        return None
-    with _lock:
-        made = Tracing(provider.get_tracer("taskq", schema_url=SCHEMA_URL))
-        _cached = (provider, made)
-    return made
+    """The Tracing for the current global tracer provider; None while none is set."""
+    found: Tracing | None = _for_provider(
+        "trace", trace.get_tracer_provider(), lambda p: Tracing(p.get_tracer("taskq", schema_url=SCHEMA_URL)))
+    return found
 
 
 # -- metrics (cancellation spec §10 names) ---------------------------------------------------------
@@ -145,19 +152,9 @@ class Instruments:
                                            description="Heartbeat ticks failed in a row")
 
 
-_meters: tuple[object, Instruments] | None = None
-
-
 def instruments() -> Instruments | None:
     """The spec §10 instruments on the current global meter provider; None while none is set."""
-    global _meters
-    provider = metrics.get_meter_provider()
-    cached = _meters
-    if cached is not None and cached[0] is provider:
-        return cached[1]
-    if type(provider).__name__ in ("_ProxyMeterProvider", "NoOpMeterProvider"):
-        return None
-    with _lock:
-        made = Instruments(provider.get_meter("taskq", schema_url=SCHEMA_URL))
-        _meters = (provider, made)
-    return made
+    found: Instruments | None = _for_provider(
+        "metrics", metrics.get_meter_provider(),
+        lambda p: Instruments(p.get_meter("taskq", schema_url=SCHEMA_URL)))
+    return found
