@@ -1,5 +1,5 @@
 """OpenTelemetry's cost on a no-op drain: one worker draining a backlog, with OpenTelemetry not installed,
-installed but not configured, and enabled (an SDK tracer provider exporting to memory).
+installed but not configured, and enabled (an SDK tracer provider exporting to memory in batches).
 
     python benchmarks/otel.py --nootel-python VENV/bin/python [--dsn DSN] [--jobs 20000] [--rounds 3]
                               [--json out.json]
