@@ -41,6 +41,7 @@ from taskq import tracing
 from taskq.actors.child import HEADER, JobKey, child_main, encode_frame, pickle_exception
 from taskq.actors.thread import stand_in_error
 from taskq.exceptions import TaskqError
+from taskq.logs import current_log_format
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -265,7 +266,8 @@ class ProcessExecutor:
         parent_sock, child_sock = socket.socketpair()
         proc = self._mp.Process(
             target=child_main,
-            args=(child_sock, os.getpid(), sorted(self._preload), logging.getLogger().getEffectiveLevel()),
+            args=(child_sock, os.getpid(), sorted(self._preload), logging.getLogger().getEffectiveLevel(),
+                  current_log_format()),
             name="taskq-child", daemon=True,
         )
         try:

@@ -59,6 +59,12 @@ def configure_logging(log_format: str = "text") -> None:
     root.setLevel(logging.INFO)
 
 
+def current_log_format() -> str:
+    """"json" when the root logger writes JSON lines (configure_logging("json")), else "text": what a
+    process actor's child is told to write."""
+    return "json" if any(isinstance(h.formatter, JsonFormatter) for h in logging.getLogger().handlers) else "text"
+
+
 class JobLines:
     """The INFO line at each attempt's start and end, like Celery's "Task ... succeeded in 0.52s"
     (setting `log_job_lines` turns them off)."""
