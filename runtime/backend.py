@@ -6,27 +6,26 @@ them) and returns models. Worker-side operations live in `taskq.worker.store` on
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Self, TypeVar, cast
 from uuid import UUID
 
 import psycopg
-from psycopg import AsyncConnection, AsyncCursor, errors, pq
+from psycopg import AsyncConnection, errors
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.rows import dict_row, tuple_row
+from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 from pydantic_core import from_json
 
 from taskq import sql
+from taskq.backend_caller import caller_cursor, check_caller_connection, schema_needed
 from taskq.dsn import redact_dsn
 from taskq.exceptions import (
-    ConnectionUnusable,
     DatabaseUnavailable,
     SchemaNotReady,
     SchemaTooNew,
@@ -282,48 +281,6 @@ class InsertedJob:
                 trace_context=from_json(opts.trace_context) if opts.trace_context is not None else None,
             )
         )
-
-
-def caller_cursor(conn: AsyncConnection[Any], row_factory: Any = tuple_row) -> AsyncCursor[Any]:
-    """A cursor of taskq's own kind on a caller's connection (`enqueue(..., connection=)`): tuple rows and
-    server-side binding (the `%b` arrays of enqueue_many), whatever cursor_factory and row_factory the
-    caller set (Django sets a client-side binding cursor)."""
-    return AsyncCursor(conn, row_factory=row_factory)
-
-
-def check_caller_connection(conn: AsyncConnection[Any], database: str | None) -> None:
-    """Refuse, before any statement, a caller's connection the job cannot be written on: closed, in a
-    failed transaction, or to another database than the client's (compared by name: `database`)."""
-    if not isinstance(conn, AsyncConnection):
-        raise ConnectionUnusable(f"connection= needs a {AsyncConnection.__name__}, got {type(conn).__name__}")
-    if conn.closed:
-        raise ConnectionUnusable("the connection given as connection= is closed; nothing was written")
-    if conn.info.transaction_status == pq.TransactionStatus.INERROR:
-        raise ConnectionUnusable(
-            "the connection given as connection= is in a failed transaction (an earlier statement failed): "
-            "roll it back first; nothing was written"
-        )
-    if database is not None and conn.info.dbname != database:
-        raise ConnectionUnusable(
-            f"the connection given as connection= is to database {conn.info.dbname!r}, not to this client's "
-            f"{database!r}: the job would commit with another database's transaction; nothing was written"
-        )
-
-
-@contextlib.contextmanager
-def schema_needed(conn: AsyncConnection[Any] | None) -> Iterator[None]:
-    """On a caller's connection, a missing (or older) taskq schema is SchemaNotReady naming `taskq migrate`
-    and saying whether the caller's transaction is now aborted; on the pool's own it is left as it is."""
-    try:
-        yield
-    except (errors.UndefinedTable, errors.UndefinedColumn):
-        if conn is None:
-            raise
-        aborted = conn.info.transaction_status == pq.TransactionStatus.INERROR
-        raise SchemaNotReady(
-            "the database of the connection given as connection= has no taskq schema (or an older one): run "
-            "`taskq migrate`" + ("; your transaction is now aborted: roll it back" if aborted else "")
-        ) from None
 
 
 def row_to_job(row: dict[str, Any]) -> JobRow:
