@@ -39,7 +39,6 @@ import queue
 import signal
 import socket
 import struct
-import sys
 import threading
 import traceback
 from collections.abc import Iterator, Sequence
@@ -48,6 +47,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from uuid import UUID
 
+from taskq import tracing
 from taskq.actors.thread import ActorInterrupted
 from taskq.models import CancelOrigin
 
@@ -258,7 +258,8 @@ class _Child:
             try:
                 if self.interrupt_pending:
                     raise ActorInterrupted("taskq: forced cancel before the actor started")
-                result = actor.fn(payload, ctx) if actor.takes_context else actor.fn(payload)
+                with tracing.attached(spec.get("trace")):
+                    result = actor.fn(payload, ctx) if actor.takes_context else actor.fn(payload)
             finally:
                 self.state = "busy"
         except ActorInterrupted:
@@ -378,16 +379,17 @@ class ChildJobContext(Generic[P]):
     progress_sync = progress
 
 
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s"
-
-
-def child_main(sock: socket.socket, parent_pid: int, preload: Sequence[str], log_level: int) -> None:
+def child_main(sock: socket.socket, parent_pid: int, preload: Sequence[str], log_level: int,
+               log_format: str = "text") -> None:
     """Entry point of a spawned child (the target of its multiprocessing.Process)."""
     os.setpgid(0, 0)
     _die_with_parent(parent_pid)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=log_level, stream=sys.stderr, format=LOG_FORMAT)
+    from taskq.logs import configure_logging
+
+    configure_logging(log_format)  # the worker's format (text or JSON lines), at the worker's level
+    logging.getLogger().setLevel(log_level)
     child = _Child(sock)
     signal.signal(signal.SIGTERM, child.on_sigterm)
     # spawned as a daemon (so multiprocessing's exit handler stops it), but an actor may use a Pool

@@ -37,9 +37,11 @@ import socket
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from taskq import tracing
 from taskq.actors.child import HEADER, JobKey, child_main, encode_frame, pickle_exception
 from taskq.actors.thread import stand_in_error
 from taskq.exceptions import TaskqError
+from taskq.logs import current_log_format
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -160,6 +162,7 @@ class ProcessExecutor:
             "payload": actor.payload_adapter.dump_json(ctx.payload), "last_progress": ctx.last_progress,
             "cancel_origin": origin.value if origin is not None else None,
             "scheduled_for": ctx.scheduled_for.isoformat() if ctx.scheduled_for is not None else None,
+            "trace": tracing.carrier(),  # the consumer span, continued in the child
         }
         try:
             child.send(("run", key, spec))
@@ -263,7 +266,8 @@ class ProcessExecutor:
         parent_sock, child_sock = socket.socketpair()
         proc = self._mp.Process(
             target=child_main,
-            args=(child_sock, os.getpid(), sorted(self._preload), logging.getLogger().getEffectiveLevel()),
+            args=(child_sock, os.getpid(), sorted(self._preload), logging.getLogger().getEffectiveLevel(),
+                  current_log_format()),
             name="taskq-child", daemon=True,
         )
         try:

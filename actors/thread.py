@@ -18,6 +18,7 @@ process reclaims a stuck thread. Use process isolation for code that may block i
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import ctypes
 import logging
 import threading
@@ -156,8 +157,10 @@ class ThreadExecutor:
             self._runs.pop(entry, None)
             raise
         # from here the permit belongs to the thread: returned when it leaves, never while it is stuck
-        thread = threading.Thread(target=self._body, args=(run, loop), name=f"taskq-actor-{entry.id}",
-                                  daemon=True)
+        # the actor runs in a copy of the consumer's context: its contextvars, and so the consumer's
+        # OpenTelemetry span (taskq.tracing), are the actor's current ones
+        thread = threading.Thread(target=contextvars.copy_context().run, args=(self._body, run, loop),
+                                  name=f"taskq-actor-{entry.id}", daemon=True)
         run.thread = thread
         try:
             thread.start()

@@ -289,10 +289,12 @@ def cpu_between(start: CpuSnapshot, end: CpuSnapshot) -> dict[str, Any]:
 # -- worker subprocesses ----------------------------------------------------------------------------
 
 
-def spawn_worker(dsn: str, app: str, settings: dict[str, Any], log_path: Path) -> subprocess.Popen[bytes]:
+def spawn_worker(dsn: str, app: str, settings: dict[str, Any], log_path: Path,
+                 python: str | None = None) -> subprocess.Popen[bytes]:
     """`python -m taskq.worker APP --flags` with the repository root as its working directory (so that
-    `benchmarks.apps` imports); its log goes to `log_path`."""
-    args = [sys.executable, "-m", "taskq.worker", app]
+    `benchmarks.apps` imports); its log goes to `log_path`. `python`: another interpreter (a virtualenv
+    with other packages installed), default this one."""
+    args = [python or sys.executable, "-m", "taskq.worker", app]
     for name, value in settings.items():
         args += ["--" + name.replace("_", "-"), str(value)]
     env = os.environ | {"TASKQ_DSN": dsn}

@@ -142,13 +142,16 @@ def run_round(
 ) -> dict[str, Any]:
     reset_jobs(dsn)
     enqueue_rate = asyncio.run(enqueue_backlog(dsn, args.jobs, args.enqueue_batch))
+    after_enqueue = getattr(args, "after_enqueue", None)  # benchmarks/otel.py: a trace context on each job
+    if after_enqueue is not None:
+        after_enqueue(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE taskq.jobs")
         before = db_counters(conn)
         settings = {"concurrency": args.concurrency, "claim_batch_size": args.claim_batch_size}
         logs = RESULTS_DIR / "logs"
-        procs = [spawn_worker(dsn, args.app, settings, logs / f"throughput-{tag}-w{i}.log")
-                 for i in range(workers)]
+        procs = [spawn_worker(dsn, args.app, settings, logs / f"throughput-{tag}-w{i}.log",
+                              getattr(args, "python", None)) for i in range(workers)]
         pids = [p.pid for p in procs]
         polls: list[tuple[float, int, int]] = []
         first: Any = None

@@ -16,16 +16,16 @@ from typing import Any, Self, TypeVar, cast
 from uuid import UUID
 
 import psycopg
-from psycopg import AsyncConnection, AsyncCursor, errors, pq
+from psycopg import AsyncConnection, errors
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.rows import dict_row, tuple_row
+from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 from pydantic_core import from_json
 
 from taskq import sql
+from taskq.backend_caller import caller_cursor, check_caller_connection, schema_needed
 from taskq.dsn import redact_dsn
 from taskq.exceptions import (
-    ConnectionUnusable,
     DatabaseUnavailable,
     SchemaNotReady,
     SchemaTooNew,
@@ -129,6 +129,8 @@ class JobOptions:
     schedule_to_close: float | None
     parent_id: UUID | None = None
     idempotent: bool = True
+    trace_context: str | None = None
+    """JSON text of the W3C trace context of the enqueue (taskq.tracing), or None."""
 
     def params(self) -> dict[str, Any]:
         return {
@@ -141,6 +143,7 @@ class JobOptions:
             "scheduled_at": self.scheduled_at,
             "schedule_to_close": self.schedule_to_close,
             "parent_id": self.parent_id,
+            "trace_context": self.trace_context,
         }
 
 
@@ -276,43 +279,9 @@ class InsertedJob:
                 snooze_count=0,
                 idempotent=opts.idempotent,
                 revision=1,
+                trace_context=from_json(opts.trace_context) if opts.trace_context is not None else None,
             )
         )
-
-
-def caller_cursor(conn: AsyncConnection[Any], row_factory: Any = tuple_row) -> AsyncCursor[Any]:
-    """A cursor of taskq's own kind on a caller's connection (`enqueue(..., connection=)`): tuple rows and
-    server-side binding (the `%b` arrays of enqueue_many), whatever cursor_factory and row_factory the
-    caller set (Django sets a client-side binding cursor)."""
-    return AsyncCursor(conn, row_factory=row_factory)
-
-
-def check_caller_connection(conn: AsyncConnection[Any], database: str | None) -> None:
-    """Refuse, before any statement, a caller's connection the job cannot be written on: closed, in a
-    failed transaction, or to another database than the client's (compared by name: `database`)."""
-    if not isinstance(conn, AsyncConnection):
-        raise ConnectionUnusable(f"connection= needs a {AsyncConnection.__name__}, got {type(conn).__name__}")
-    if conn.closed:
-        raise ConnectionUnusable("the connection given as connection= is closed; nothing was written")
-    if conn.info.transaction_status == pq.TransactionStatus.INERROR:
-        raise ConnectionUnusable(
-            "the connection given as connection= is in a failed transaction (an earlier statement failed): "
-            "roll it back first; nothing was written"
-        )
-    if database is not None and conn.info.dbname != database:
-        raise ConnectionUnusable(
-            f"the connection given as connection= is to database {conn.info.dbname!r}, not to this client's "
-            f"{database!r}: the job would commit with another database's transaction; nothing was written"
-        )
-
-
-def schema_missing_on(conn: AsyncConnection[Any]) -> SchemaNotReady:
-    """The error for a caller's connection whose database has no (or an older) taskq schema."""
-    aborted = conn.info.transaction_status == pq.TransactionStatus.INERROR
-    return SchemaNotReady(
-        "the database of the connection given as connection= has no taskq schema (or an older one): run "
-        "`taskq migrate`" + ("; your transaction is now aborted: roll it back" if aborted else "")
-    )
 
 
 def row_to_job(row: dict[str, Any]) -> JobRow:
@@ -452,19 +421,13 @@ class Backend:
         if job.unique_key is not None:
             from taskq import backend_unique  # it builds on this module
 
-            try:
+            with schema_needed(conn):
                 inserted = await backend_unique.insert_unique(self.pool, job, conn, notify=notify)
-            except (errors.UndefinedTable, errors.UndefinedColumn):
-                if conn is None:
-                    raise
-                raise schema_missing_on(conn) from None
         elif conn is not None:
-            try:
+            with schema_needed(conn):
                 async with caller_cursor(conn) as cur:
                     await cur.execute(sql.query("job_insert"), job.params())
                     written = await cur.fetchone()
-            except (errors.UndefinedTable, errors.UndefinedColumn):
-                raise schema_missing_on(conn) from None
         else:
             # getconn/putconn rather than pool.connection(): its `async with conn` issues a no-op
             # commit whose Python overhead is a tenth of a single enqueue (the pool is autocommit)
@@ -499,18 +462,12 @@ class Backend:
         if batch.unique_keys is not None:
             from taskq import backend_unique
 
-            try:
+            with schema_needed(conn):
                 skipped = await backend_unique.insert_many_unique(self.pool, batch, conn, notify=notify)
-            except (errors.UndefinedTable, errors.UndefinedColumn):
-                if conn is None:
-                    raise
-                raise schema_missing_on(conn) from None
         elif conn is not None:
-            try:
+            with schema_needed(conn):
                 async with caller_cursor(conn) as cur:
                     await cur.execute(sql.query("job_insert_many"), batch.params())
-            except (errors.UndefinedTable, errors.UndefinedColumn):
-                raise schema_missing_on(conn) from None
         else:
             params = batch.params()
             params["notify"] = notify

@@ -18,9 +18,9 @@ from typing import Any, Self, TypeVar, cast
 from uuid import UUID
 
 import psycopg
-from psycopg import Connection, Cursor, errors, pq
+from psycopg import Connection, errors
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.rows import dict_row, tuple_row
+from psycopg.rows import dict_row
 
 from taskq import sql
 from taskq.backend import (
@@ -37,8 +37,9 @@ from taskq.backend import (
     row_to_job,
     uuid7,
 )
+from taskq.backend_caller_sync import caller_cursor, check_caller_connection, schema_needed
 from taskq.dsn import redact_dsn
-from taskq.exceptions import ConnectionUnusable, DatabaseUnavailable, SchemaNotReady, SchemaTooNew, UniqueKeyContention
+from taskq.exceptions import DatabaseUnavailable, SchemaNotReady, SchemaTooNew, UniqueKeyContention
 from taskq.models import BulkCancelResult, JobAttempt, JobEvent, JobFilter, JobRow, JobStatus, ScheduleInfo
 from taskq.sync_pool import LazyConnectionPool
 
@@ -60,39 +61,6 @@ def _reports_outage(method: _Method) -> _Method:
             raise DatabaseUnavailable(f"lost the connection to PostgreSQL at {redact_dsn(self.dsn)}: {detail}") from exc
 
     return cast(_Method, wrapper)
-
-
-def caller_cursor(conn: Connection[Any], row_factory: Any = tuple_row) -> Cursor[Any]:
-    """A cursor of taskq's own kind on a caller's connection (`enqueue(..., connection=)`): tuple rows and
-    server-side binding (the `%b` arrays of enqueue_many), whatever cursor_factory and row_factory the
-    caller set (Django sets a client-side binding cursor)."""
-    return Cursor(conn, row_factory=row_factory)
-
-
-def check_caller_connection(conn: Connection[Any], database: str | None) -> None:
-    """Refuse, before any statement, a caller's connection the job cannot be written on: closed, in a
-    failed transaction, or to another database than the client's (compared by name: `database`)."""
-    if not isinstance(conn, Connection):
-        raise ConnectionUnusable(f"connection= needs a {Connection.__name__}, got {type(conn).__name__}")
-    if conn.closed:
-        raise ConnectionUnusable("the connection given as connection= is closed; nothing was written")
-    if conn.info.transaction_status == pq.TransactionStatus.INERROR:
-        raise ConnectionUnusable(
-            "the connection given as connection= is in a failed transaction (an earlier statement failed): roll it back first; nothing was written"
-        )
-    if database is not None and conn.info.dbname != database:
-        raise ConnectionUnusable(
-            f"the connection given as connection= is to database {conn.info.dbname!r}, not to this client's {database!r}: the job would commit with another database's transaction; nothing was written"
-        )
-
-
-def schema_missing_on(conn: Connection[Any]) -> SchemaNotReady:
-    """The error for a caller's connection whose database has no (or an older) taskq schema."""
-    aborted = conn.info.transaction_status == pq.TransactionStatus.INERROR
-    return SchemaNotReady(
-        "the database of the connection given as connection= has no taskq schema (or an older one): run `taskq migrate`"
-        + ("; your transaction is now aborted: roll it back" if aborted else "")
-    )
 
 
 def check_schema(conn: Connection[Any]) -> int:
@@ -202,19 +170,13 @@ class SyncBackend:
         if job.unique_key is not None:
             from taskq import backend_unique_sync
 
-            try:
+            with schema_needed(conn):
                 inserted = backend_unique_sync.insert_unique(self.pool, job, conn, notify=notify)
-            except (errors.UndefinedTable, errors.UndefinedColumn):
-                if conn is None:
-                    raise
-                raise schema_missing_on(conn) from None
         elif conn is not None:
-            try:
+            with schema_needed(conn):
                 with caller_cursor(conn) as cur:
                     cur.execute(sql.query("job_insert"), job.params())
                     written = cur.fetchone()
-            except (errors.UndefinedTable, errors.UndefinedColumn):
-                raise schema_missing_on(conn) from None
         else:
             params = job.params()
             params["notify"] = notify
@@ -245,18 +207,12 @@ class SyncBackend:
         if batch.unique_keys is not None:
             from taskq import backend_unique_sync
 
-            try:
+            with schema_needed(conn):
                 skipped = backend_unique_sync.insert_many_unique(self.pool, batch, conn, notify=notify)
-            except (errors.UndefinedTable, errors.UndefinedColumn):
-                if conn is None:
-                    raise
-                raise schema_missing_on(conn) from None
         elif conn is not None:
-            try:
+            with schema_needed(conn):
                 with caller_cursor(conn) as cur:
                     cur.execute(sql.query("job_insert_many"), batch.params())
-            except (errors.UndefinedTable, errors.UndefinedColumn):
-                raise schema_missing_on(conn) from None
         else:
             params = batch.params()
             params["notify"] = notify

@@ -22,7 +22,8 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from taskq import sql
-from taskq.backend import UNIQUE_INSERT_TRIES, InsertedJob, JobBatch, JobInsert, caller_cursor, row_to_job
+from taskq.backend import UNIQUE_INSERT_TRIES, InsertedJob, JobBatch, JobInsert, row_to_job
+from taskq.backend_caller import caller_cursor
 from taskq.exceptions import UniqueKeyContention
 from taskq.models import JobRow
 

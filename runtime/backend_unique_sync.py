@@ -27,7 +27,7 @@ from psycopg.rows import dict_row
 
 from taskq import sql
 from taskq.backend import UNIQUE_INSERT_TRIES, InsertedJob, JobBatch, JobInsert, row_to_job
-from taskq.backend_sync import caller_cursor
+from taskq.backend_caller_sync import caller_cursor
 from taskq.backend_unique import _contention, _params
 from taskq.exceptions import UniqueKeyContention
 from taskq.models import JobRow

@@ -384,7 +384,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         registry = load_app(args.app)
     except AppImportError as exc:
         raise AppNotImportable(str(exc)) from None
-    configure_logging()
+    configure_logging(settings.log_format)
     return worker_main(settings, registry)
 
 

@@ -18,7 +18,7 @@ from pydantic import ConfigDict, TypeAdapter
 from pydantic_core import SchemaValidator, core_schema, from_json
 from typing_extensions import TypeVar
 
-from taskq import operations, schedule_admin
+from taskq import operations, schedule_admin, tracing
 from taskq.actors.declaration import Actor, ActorRegistry, default_registry
 from taskq.backend import Backend, JobBatch, JobInsert, JobOptions, transaction_pooler_from_env, uuid7, uuid7_many
 from taskq.checks import as_job_id, check_text
@@ -401,7 +401,10 @@ class JobsClient:
             max_attempts=max_attempts, schedule_to_close=schedule_to_close, unique_key=unique_key,
             unique_scope=unique_scope,
         )
-        inserted = await self.backend.job_insert_deferred(job, conn=connection)
+        with tracing.producer(job.options.queue, job.options.actor, job.id) as trace_context:
+            if trace_context is not None:
+                job = replace(job, options=replace(job.options, trace_context=trace_context))
+            inserted = await self.backend.job_insert_deferred(job, conn=connection)
         if inserted.holder is not None:
             return JobHandle(inserted.holder.id, client=self, row=inserted.holder, created=False,
                              result_adapter=self._adapter(inserted.holder.actor))
@@ -449,22 +452,25 @@ class JobsClient:
             given = keys
             order = sorted(range(len(given)), key=lambda i: given[i] or "")
             rows_ids, rows_json, keys = [ids[i] for i in order], [encoded[i] for i in order], [given[i] for i in order]
-        batches = [
-            JobBatch(ids=rows_ids[i : i + chunk_size], payloads_json=rows_json[i : i + chunk_size], options=opts,
-                     unique_keys=None if keys is None else keys[i : i + chunk_size],
-                     unique_scope=None if keys is None else unique_scope)
-            for i in range(0, len(encoded), chunk_size)
-        ]
         skipped: dict[int, UUID] = {}
-        if connection is not None:
-            for start, batch in zip(range(0, len(encoded), chunk_size), batches, strict=True):
-                skipped |= _offset(start, await self.backend.job_insert_many(batch, conn=connection))
-        elif len(batches) == 1:
-            skipped = await self.backend.job_insert_many(batches[0]) or {}
-        elif batches:
-            async with self.backend.pool.connection() as conn, conn.transaction():
+        with tracing.producer(opts.queue, opts.actor, None, len(encoded)) as trace_context:
+            if trace_context is not None:
+                opts = replace(opts, trace_context=trace_context)
+            batches = [
+                JobBatch(ids=rows_ids[i : i + chunk_size], payloads_json=rows_json[i : i + chunk_size], options=opts,
+                         unique_keys=None if keys is None else keys[i : i + chunk_size],
+                         unique_scope=None if keys is None else unique_scope)
+                for i in range(0, len(encoded), chunk_size)
+            ]
+            if connection is not None:
                 for start, batch in zip(range(0, len(encoded), chunk_size), batches, strict=True):
-                    skipped |= _offset(start, await self.backend.job_insert_many(batch, conn=conn))
+                    skipped |= _offset(start, await self.backend.job_insert_many(batch, conn=connection))
+            elif len(batches) == 1:
+                skipped = await self.backend.job_insert_many(batches[0]) or {}
+            elif batches:
+                async with self.backend.pool.connection() as conn, conn.transaction():
+                    for start, batch in zip(range(0, len(encoded), chunk_size), batches, strict=True):
+                        skipped |= _offset(start, await self.backend.job_insert_many(batch, conn=conn))
         if order is not None and skipped:
             skipped = {order[pos]: holder for pos, holder in skipped.items()}
         adapter = self._adapter(target)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, Generic, Self, cast
 from uuid import UUID
@@ -17,7 +18,7 @@ from uuid import UUID
 from psycopg import Connection
 from pydantic import TypeAdapter
 
-from taskq import operations, operations_sync, schedule_admin_sync
+from taskq import operations, operations_sync, schedule_admin_sync, tracing
 from taskq.actors.declaration import Actor, ActorRegistry, default_registry
 from taskq.backend import JobBatch, JobInsert, transaction_pooler_from_env, uuid7_many
 from taskq.backend_sync import SyncBackend
@@ -229,7 +230,10 @@ class SyncJobsClient:
             unique_key=unique_key,
             unique_scope=unique_scope,
         )
-        inserted = self.backend.job_insert_deferred(job, conn=connection)
+        with tracing.producer(job.options.queue, job.options.actor, job.id) as trace_context:
+            if trace_context is not None:
+                job = replace(job, options=replace(job.options, trace_context=trace_context))
+            inserted = self.backend.job_insert_deferred(job, conn=connection)
         if inserted.holder is not None:
             return SyncJobHandle(
                 inserted.holder.id,
@@ -290,26 +294,29 @@ class SyncJobsClient:
                 [encoded[i] for i in order],
                 [given[i] for i in order],
             )
-        batches = [
-            JobBatch(
-                ids=rows_ids[i : i + chunk_size],
-                payloads_json=rows_json[i : i + chunk_size],
-                options=opts,
-                unique_keys=None if keys is None else keys[i : i + chunk_size],
-                unique_scope=None if keys is None else unique_scope,
-            )
-            for i in range(0, len(encoded), chunk_size)
-        ]
         skipped: dict[int, UUID] = {}
-        if connection is not None:
-            for start, batch in zip(range(0, len(encoded), chunk_size), batches, strict=True):
-                skipped |= _offset(start, self.backend.job_insert_many(batch, conn=connection))
-        elif len(batches) == 1:
-            skipped = self.backend.job_insert_many(batches[0]) or {}
-        elif batches:
-            with self.backend.pool.connection() as conn, conn.transaction():
+        with tracing.producer(opts.queue, opts.actor, None, len(encoded)) as trace_context:
+            if trace_context is not None:
+                opts = replace(opts, trace_context=trace_context)
+            batches = [
+                JobBatch(
+                    ids=rows_ids[i : i + chunk_size],
+                    payloads_json=rows_json[i : i + chunk_size],
+                    options=opts,
+                    unique_keys=None if keys is None else keys[i : i + chunk_size],
+                    unique_scope=None if keys is None else unique_scope,
+                )
+                for i in range(0, len(encoded), chunk_size)
+            ]
+            if connection is not None:
                 for start, batch in zip(range(0, len(encoded), chunk_size), batches, strict=True):
-                    skipped |= _offset(start, self.backend.job_insert_many(batch, conn=conn))
+                    skipped |= _offset(start, self.backend.job_insert_many(batch, conn=connection))
+            elif len(batches) == 1:
+                skipped = self.backend.job_insert_many(batches[0]) or {}
+            elif batches:
+                with self.backend.pool.connection() as conn, conn.transaction():
+                    for start, batch in zip(range(0, len(encoded), chunk_size), batches, strict=True):
+                        skipped |= _offset(start, self.backend.job_insert_many(batch, conn=conn))
         if order is not None and skipped:
             skipped = {order[pos]: holder for pos, holder in skipped.items()}
         adapter = self._adapter(target)

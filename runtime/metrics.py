@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram
 
 CANCELLATION_REQUESTED = Counter(
@@ -46,3 +49,39 @@ SCHEDULE_TICK = Histogram(
     "Duration of one scheduler tick (its one transaction)",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )
+
+
+# -- the cancellation spec §10 metrics: Prometheus always, OpenTelemetry instruments too when the
+# application has set an OpenTelemetry meter provider (taskq.contrib.otel; nothing imported otherwise)
+
+
+def _otel() -> Any:
+    if "opentelemetry" not in sys.modules:
+        return None
+    from taskq.contrib import otel
+
+    return otel.instruments()
+
+
+def cancellation_requested() -> None:
+    CANCELLATION_REQUESTED.inc()
+    if (instruments := _otel()) is not None:
+        instruments.requested.add(1)
+
+
+def cancellation_phase_transition(from_phase: str, to_phase: str) -> None:
+    CANCELLATION_PHASE_TRANSITIONS.labels(from_phase=from_phase, to_phase=to_phase).inc()
+    if (instruments := _otel()) is not None:
+        instruments.transitions.add(1, {"from_phase": from_phase, "to_phase": to_phase})
+
+
+def heartbeat_tick(seconds: float) -> None:
+    HEARTBEAT_TICK.observe(seconds)
+    if (instruments := _otel()) is not None:
+        instruments.tick.record(seconds)
+
+
+def heartbeat_failures(count: int) -> None:
+    HEARTBEAT_FAILURES.set(count)
+    if (instruments := _otel()) is not None:
+        instruments.failures.set(count)

@@ -107,6 +107,9 @@ class JobRow(BaseModel):
     """Its nominal slot time (a trigger's own instant)."""
     revision: int = 1
     """Rises with every change to the row (status, cancel phase, progress, requeue); never with a heartbeat."""
+    trace_context: dict[str, str] | None = None
+    """The W3C trace context (traceparent, tracestate) the job was enqueued in, when OpenTelemetry traced
+    the enqueue (taskq.contrib.otel)."""
 
     @property
     def is_terminal(self) -> bool:

@@ -15,7 +15,7 @@ from taskq.actors.declaration import ActorRegistry
 from taskq.backend import Backend, RequeueParams
 from taskq.checks import as_job_id, check_reason
 from taskq.exceptions import ConfigurationError
-from taskq.metrics import CANCELLATION_REQUESTED
+from taskq.metrics import cancellation_requested
 from taskq.models import (
     BulkCancelResult,
     BulkRequeueResult,
@@ -51,7 +51,7 @@ def check_filter(flt: JobFilter, action: str, hint: str) -> JobFilter:
 async def cancel_job(backend: Backend, job_id: UUID | str, reason: str | None = None) -> CancelResult:
     """Request cancellation (spec §2): pending/scheduled jobs end cancelled at once; a running job gets a
     cooperative request its worker acts on. KeyError if the job does not exist."""
-    CANCELLATION_REQUESTED.inc()
+    cancellation_requested()
     jid = as_job_id(job_id)
     reason = check_reason(reason)
     before = await backend.get(jid)

@@ -17,7 +17,7 @@ from uuid import UUID
 from taskq.actors.declaration import ActorRegistry
 from taskq.backend_sync import SyncBackend
 from taskq.checks import as_job_id, check_reason
-from taskq.metrics import CANCELLATION_REQUESTED
+from taskq.metrics import cancellation_requested
 from taskq.models import BulkCancelResult, BulkRequeueResult, CancelResult, JobFilter, JobStatus, RequeueResult
 from taskq.operations import Progress, check_batch_size, check_filter, requeue_params
 
@@ -25,7 +25,7 @@ from taskq.operations import Progress, check_batch_size, check_filter, requeue_p
 def cancel_job(backend: SyncBackend, job_id: UUID | str, reason: str | None = None) -> CancelResult:
     """Request cancellation (spec §2): pending/scheduled jobs end cancelled at once; a running job gets a
     cooperative request its worker acts on. KeyError if the job does not exist."""
-    CANCELLATION_REQUESTED.inc()
+    cancellation_requested()
     jid = as_job_id(job_id)
     reason = check_reason(reason)
     before = backend.get(jid)

@@ -6,7 +6,7 @@ import math
 import os
 import socket
 from collections.abc import Iterable
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -81,6 +81,10 @@ class WorkerSettings(BaseSettings):
     """Seconds job_attempts rows are kept after their attempt finished (they outlive their jobs); 0 = forever."""
     prune_interval: Seconds = 60.0
     """Seconds between two prunes of a worker (each worker prunes; they share the work safely)."""
+    log_format: Literal["text", "json"] = "text"
+    """`json`: one JSON object per log line, with job_id, actor, attempt, queue, worker_id and trace_id when known."""
+    log_job_lines: bool = True
+    """An INFO line at each job attempt's start and finish, with its duration and outcome (payloads never)."""
 
     @field_validator("queues", mode="before")
     @classmethod

@@ -32,7 +32,7 @@ GRANT USAGE ON SCHEMA taskq TO :"worker_role", :"client_role";
 GRANT SELECT ON taskq.jobs TO :"worker_role";
 GRANT INSERT (id, actor, queue, payload, status, priority, tags, max_attempts, scheduled_at,
               schedule_to_close, parent_id, unique_key, unique_scope, idempotent,
-              schedule, scheduled_for)
+              schedule, scheduled_for, trace_context)
     ON taskq.jobs TO :"worker_role";
 -- max_attempts and snooze_count: a snooze gives its attempt back; idempotent: set before the first run of
 -- a non-idempotent actor enqueued by name
@@ -61,7 +61,7 @@ GRANT SELECT, INSERT, UPDATE ON taskq.schedules TO :"worker_role";
 GRANT SELECT ON taskq.jobs TO :"client_role";
 GRANT INSERT (id, actor, queue, payload, status, priority, tags, max_attempts, scheduled_at,
               schedule_to_close, parent_id, unique_key, unique_scope, idempotent,
-              schedule, scheduled_for)
+              schedule, scheduled_for, trace_context)
     ON taskq.jobs TO :"client_role";
 GRANT UPDATE (status, cancel_phase, cancel_requested_at, cancel_reason, error_class, finished_at,
               scheduled_at, max_attempts, requeue_count, started_at, worker_id, error_message, schedule_to_close,

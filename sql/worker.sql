@@ -66,7 +66,7 @@ WITH picked AS (
     FROM picked AS p
     WHERE j.id = p.id
     RETURNING j.id, j.actor, j.queue, j.payload, j.attempt, j.max_attempts, j.claim_epoch, j.progress,
-              j.schedule_to_close, j.priority, p.prev, j.idempotent, j.scheduled_for
+              j.schedule_to_close, j.priority, p.prev, j.idempotent, j.scheduled_for, j.trace_context
 ), att AS (
     INSERT INTO taskq.job_attempts (job_id, attempt, claim_epoch, worker_id)
     SELECT c.id, c.attempt, c.claim_epoch, %(worker_id)s FROM claimed AS c
@@ -77,7 +77,7 @@ WITH picked AS (
     FROM claimed AS c
 )
 SELECT id, actor, queue, payload, attempt, max_attempts, claim_epoch, progress, schedule_to_close, idempotent,
-       scheduled_for
+       scheduled_for, trace_context
 FROM claimed
 ORDER BY priority, id;
 

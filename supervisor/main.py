@@ -216,7 +216,7 @@ def supervisor_command(args: argparse.Namespace) -> int:
                     else ["--web-port", str(args.web_port), "--web-host", args.web_host])
         return _reexec(options, raw, web_args)
     os.environ.pop(ENV_REEXEC, None)
-    configure_logging()
+    configure_logging(settings.log_format)
     inherited = inherited_fds()
     try:
         try:

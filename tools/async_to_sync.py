@@ -56,6 +56,7 @@ class Module:
 
 
 MODULES = [
+    Module("taskq.backend_caller"),
     Module("taskq.backend", {"Backend": "SyncBackend"}),
     Module("taskq.backend_unique"),
     Module("taskq.operations"),

@@ -15,7 +15,7 @@ from uuid import UUID
 
 from psycopg import AsyncConnection
 
-from taskq.metrics import CANCELLATION_PHASE_TRANSITIONS
+from taskq.metrics import cancellation_phase_transition
 from taskq.models import CancelMarker, CancelOrigin, CancelPhase
 from taskq.worker.registry import ActiveJob
 from taskq.worker.store import HeldRow
@@ -34,7 +34,7 @@ def log_cancel_phase_change(entry: ActiveJob, old: CancelPhase, new: CancelPhase
     """One structured line and one counter increment per ladder transition (spec §10)."""
     pair = (int(old), int(new))
     assert pair in VALID_TRANSITIONS, pair
-    CANCELLATION_PHASE_TRANSITIONS.labels(from_phase=str(pair[0]), to_phase=str(pair[1])).inc()
+    cancellation_phase_transition(str(pair[0]), str(pair[1]))
     log.info(
         "cancel phase %d -> %d for job %s attempt %d",
         pair[0], pair[1], entry.id, entry.attempt,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import os
 import sys
 from typing import Any
@@ -76,11 +75,10 @@ def describe_validation_error(exc: ValidationError) -> str:
     return f"invalid setting {loc}: {message}" if loc else f"invalid settings: {message}"
 
 
-def configure_logging() -> None:
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
-    )
+def configure_logging(log_format: str = "text") -> None:
+    from taskq.logs import configure_logging as configure
+
+    configure(log_format)
 
 
 def set_worker_title(app: str, settings: WorkerSettings) -> None:
@@ -122,7 +120,7 @@ def command(args: argparse.Namespace) -> int:
         print(f"taskq: error: {describe_validation_error(exc)}", file=sys.stderr)
         return exitcodes.USAGE
     set_worker_title(args.app, settings)
-    configure_logging()
+    configure_logging(settings.log_format)
     try:
         return run_worker(args.app, settings)
     except AppImportError as exc:

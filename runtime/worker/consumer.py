@@ -9,6 +9,7 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from taskq import tracing
 from taskq.actors.declaration import Actor
 from taskq.actors.executors import Executor
 from taskq.client import JobHandle, encode_payload, prepare_insert
@@ -150,22 +151,37 @@ class Consumers:
         if entry.cancel_origin is not None:  # a cancel (or shutdown) arrived before the actor started
             entry.ctx.request_cancel(entry.cancel_origin)
         self._arm_timers(entry, actor, loop)
-        started = loop.time()
-        try:
-            result = await entry.executor.run(entry)
-        except asyncio.CancelledError:
-            JOB_DURATION.observe(loop.time() - started)
-            await self._on_cancelled(entry, actor)
-            raise
-        except Snooze as snooze:
-            JOB_DURATION.observe(loop.time() - started)
-            await self._on_snooze(entry, actor, snooze)
-        except Exception as exc:
-            JOB_DURATION.observe(loop.time() - started)
-            await self._on_failure(entry, actor, exc)
-        else:
-            JOB_DURATION.observe(loop.time() - started)
-            await self._on_success(entry, actor, result)
+        with tracing.consumer(job, actor.isolation) as span:
+            if self.w.job_log is not None:
+                self.w.job_log.started(job)
+            started = loop.time()
+            try:
+                result = await entry.executor.run(entry)
+            except asyncio.CancelledError:
+                operator = entry.cancel_origin is CancelOrigin.OPERATOR
+                self._ended(span, job, started, "cancelled" if operator else "stopped",
+                            cancel_marker(entry).value if operator else None, entry.cancel_origin or entry.stop_cause)
+                await self._on_cancelled(entry, actor)
+                raise
+            except Snooze as snooze:
+                self._ended(span, job, started, "snoozed", None, f"for {snooze.delay:g} s")
+                await self._on_snooze(entry, actor, snooze)
+            except Exception as exc:
+                self._ended(span, job, started, "failed", type(exc).__name__, type(exc).__name__)
+                await self._on_failure(entry, actor, exc)
+            else:
+                self._ended(span, job, started, "succeeded", None, None)
+                await self._on_success(entry, actor, result)
+
+    def _ended(self, span: Any, job: ClaimedJob, started: float, outcome: str, error_type: str | None,
+               detail: str | None) -> None:
+        """What every way out of an attempt records: its duration, its span's outcome, its log line."""
+        elapsed = self.loop.time() - started
+        JOB_DURATION.observe(elapsed)
+        if span is not None:
+            span.outcome(outcome, error_type)
+        if self.w.job_log is not None:
+            self.w.job_log.finished(job, outcome, elapsed, detail)
 
     def _arm_timers(self, entry: ActiveJob, actor: Actor[Any, Any], loop: asyncio.AbstractEventLoop) -> None:
         if actor.timeout is not None:

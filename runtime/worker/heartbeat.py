@@ -13,7 +13,7 @@ from uuid import UUID
 
 from psycopg import AsyncConnection
 
-from taskq.metrics import HEARTBEAT_FAILURES, HEARTBEAT_TICK, JOBS_IN_FLIGHT
+from taskq.metrics import JOBS_IN_FLIGHT, heartbeat_failures, heartbeat_tick
 from taskq.worker.store import HeldRow
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ class Heartbeat:
 
     def _failed(self, exc: BaseException, tick_start: float) -> None:
         self.consecutive_failures += 1
-        HEARTBEAT_FAILURES.set(self.consecutive_failures)
+        heartbeat_failures(self.consecutive_failures)
         silent_for = asyncio.get_running_loop().time() - (self.last_success or tick_start)
         reason = "no answer before the lease deadline" if isinstance(exc, TimeoutError) else str(exc)
         log.warning("heartbeat failed (%d in a row, %.1fs since the last renewal): %s",
@@ -127,7 +127,7 @@ class Heartbeat:
             return
         finally:
             duration = time.perf_counter() - started
-            HEARTBEAT_TICK.observe(duration)
+            heartbeat_tick(duration)
             self.tick_durations.append(duration)
             if len(self.tick_durations) > 10_000:
                 del self.tick_durations[:5_000]
@@ -139,7 +139,7 @@ class Heartbeat:
         if self.consecutive_failures:
             log.info("heartbeat recovered after %d failures", self.consecutive_failures)
         self.consecutive_failures = 0
-        HEARTBEAT_FAILURES.set(0)
+        heartbeat_failures(0)
         for job_id, epoch in lost:
             entry = self.w.registry.get(job_id)
             if entry is not None and entry.claim_epoch == epoch and not entry.finishing:

@@ -17,6 +17,7 @@ from taskq.actors.declaration import Actor, ActorRegistry, as_registry
 from taskq.actors.executors import AsyncioExecutor, Executor, ThreadExecutor
 from taskq.backend import Backend
 from taskq.dsn import resolve_dsn
+from taskq.logs import JobLines
 from taskq.metrics import LEAKED_THREADS, SHUTDOWN_JOBS, STALE_WRITES
 from taskq.models import CancelOrigin, CancelPhase
 from taskq.settings import WorkerSettings
@@ -118,6 +119,8 @@ class Worker:
         self.shutdown_event = asyncio.Event()
         self.skip_grace = asyncio.Event()
         """Set by a second SIGINT: skip what is left of the grace windows."""
+        self.job_log = JobLines(self.worker_id) if settings.log_job_lines else None
+        """The INFO line at each attempt's start and finish (None: `log_job_lines` off)."""
         self.consumers = Consumers(self)
         self.hooks = Hooks(self)
         self.controller = CancelController(self)

@@ -44,6 +44,8 @@ class ClaimedJob:
     idempotent: bool = True
     """The row's idempotent flag: False once the job is known to belong to an `@actor(idempotent=False)`."""
     scheduled_for: datetime | None = None
+    trace_context: dict[str, str] | None = None
+    """The W3C trace context the job was enqueued in (OpenTelemetry), or None."""
 
 
 @dataclass(slots=True)

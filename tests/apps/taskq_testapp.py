@@ -37,6 +37,12 @@ async def noop(payload: int, ctx: JobContext[int]) -> int:
     return payload
 
 
+@actor(name="test.echo_fail", max_attempts=1)
+async def echo_fail(payload: dict[str, str]) -> None:
+    """Fails with a ValueError that does not mention its payload (the log tests look for it)."""
+    raise ValueError("refused")
+
+
 @actor(name="test.busy_thread")
 def busy_thread(payload: float, ctx: JobContext[float]) -> float:
     end = time.monotonic() + payload
@@ -117,4 +123,4 @@ async def sleep_hooked(payload: Sleep, ctx: JobContext[Sleep]) -> dict[str, floa
     return {"slept": payload.seconds}
 
 
-actors.extend([checkpointing, blocked_in_c, sleep_hooked])
+actors.extend([checkpointing, blocked_in_c, sleep_hooked, echo_fail])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -206,6 +207,21 @@ def caller_connection(env: Env, how: str) -> Outcome:
     return outcomes[0]
 
 
+def django_enqueue(env: Env, case: str) -> Outcome:
+    """A Django task's `.enqueue()` inside transaction.atomic(), in the test Django project (a process of
+    its own: Django's settings are global), on the case's database; the caller's transaction must stay
+    usable."""
+    project = Path(__file__).resolve().parents[1] / "django_project"
+    run_env = {k: v for k, v in os.environ.items() if not k.startswith("TASKQ_")}
+    run_env |= {"DJANGO_SETTINGS_MODULE": "djsite.settings", "TASKQ_DJANGO_DSN": env.dsn, "PYTHONPATH": str(project)}
+    proc = subprocess.run([sys.executable, "-m", "djsite.badinput", case], env=run_env, capture_output=True,
+                          text=True, timeout=120, cwd=project, check=False)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["transaction_usable"] is True, seen
+    return Outcome(seen["observed"], seen["message"])
+
+
 async def client_connect(env: Env, dsn: str | None = None) -> Outcome:
     try:
         client = await JobsClient.connect(dsn if dsn is not None else env.dsn, timeout=5.0)
@@ -380,6 +396,10 @@ CASES: list[Case] = [
          "ConnectionUnusable", "roll it back first", lambda e: caller_connection(e, "failed-transaction")),
     Case("client-connection-other-database", "client", "connection= to another database (both faces)",
          "ConnectionUnusable", "not to this client's", lambda e: caller_connection(e, "other-database")),
+    Case("django-no-schema", "client", "the Django backend on a database without taskq's schema",
+         "SchemaNotReady", "run `taskq migrate`", lambda e: django_enqueue(e, "ok"), db="empty"),
+    Case("django-args-not-json", "client", "a Django task called with an argument JSON cannot hold",
+         "PayloadInvalid", "not JSON-serialisable", lambda e: django_enqueue(e, "not-json")),
     Case("client-requeue-malformed-id", "client", f"requeue job id {INJECTION!r}", "ConfigurationError",
          "not a job id", lambda e: client_call(e, lambda c: c.requeue(INJECTION))),
     Case("client-requeue-zero-attempts", "client", "requeue(attempts=0)", "ConfigurationError",

@@ -1,0 +1,3 @@
+"""Optional integrations, each behind a pip extra: `taskq.contrib.django` (taskq[django]),
+`taskq.contrib.sqlalchemy` (taskq[sqlalchemy]) and `taskq.contrib.otel` (taskq[otel]). They import the
+core; the core never imports them."""

@@ -1,0 +1,78 @@
+"""The seam between taskq and OpenTelemetry: every traced place in the core calls one of these, and each
+returns a do-nothing object at once unless OpenTelemetry is in use in this process.
+
+"In use" means: the application has imported OpenTelemetry (`opentelemetry` is in sys.modules: taskq
+never imports it first) and set a real tracer provider (or, for metrics, meter provider), and
+TASKQ_OTEL is not `off`. Then taskq.contrib.otel (extra `taskq[otel]`) does the work. Without the extra,
+or with it installed but not configured, a traced place costs one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+if TYPE_CHECKING:
+    from taskq.contrib.otel import Tracing
+
+_OFF: AbstractContextManager[Any] = contextlib.nullcontext(None)
+
+
+def active() -> Tracing | None:
+    """taskq.contrib.otel's tracing when OpenTelemetry traces in this process, else None."""
+    if "opentelemetry" not in sys.modules or os.environ.get("TASKQ_OTEL", "").lower() in ("off", "0", "false"):
+        return None
+    from taskq.contrib import otel
+
+    return otel.tracing()
+
+
+def producer(queue: str, actor: str, job_id: UUID | None, count: int = 1) -> AbstractContextManager[str | None]:
+    """A producer span around an enqueue of `count` jobs; it gives the JSON text of the W3C trace context
+    to store on the job(s), or None when not tracing."""
+    tracer = active()
+    return _OFF if tracer is None else tracer.producer(queue, actor, job_id, count)
+
+
+def consumer(job: Any, isolation: str) -> AbstractContextManager[Any]:
+    """A consumer span around one attempt of a claimed job (taskq.worker.store.ClaimedJob), current while
+    the actor runs; it gives an object whose `outcome(name, error_type)` records how the attempt ended,
+    or None when not tracing."""
+    tracer = active()
+    return _OFF if tracer is None else tracer.consumer(job, isolation)
+
+
+def carrier() -> dict[str, str] | None:
+    """The current trace context as W3C headers, for a process actor's child; None when not tracing."""
+    tracer = active()
+    return None if tracer is None else tracer.carrier()
+
+
+@contextlib.contextmanager
+def attached(headers: dict[str, str] | None) -> Iterator[None]:
+    """In a process actor's child: the worker's consumer span is the current one while the actor runs.
+    Imports OpenTelemetry only when the worker sent a context (it traces)."""
+    if not headers:
+        yield
+        return
+    try:
+        from opentelemetry import context, propagate
+    except ImportError:
+        yield
+        return
+    token = context.attach(propagate.extract(headers))
+    try:
+        yield
+    finally:
+        context.detach(token)
+
+
+def trace_ids() -> dict[str, str]:
+    """trace_id and span_id of the current span (hex) for log records, or {} when not tracing."""
+    tracer = active()
+    return {} if tracer is None else tracer.ids()

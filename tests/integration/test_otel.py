@@ -1,0 +1,112 @@
+"""OpenTelemetry (taskq.contrib.otel) with an in-memory exporter: the enqueue span and the process span in
+one trace for async, thread and process actors (the trace continued inside the actor), a retry in a
+trace of its own linked to the enqueue, and the spec §10 metric names as instruments."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from apps.taskq_otel_app import registry
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+from testkit import running_worker, wait_for
+
+from taskq import JobsClient, SyncJobsClient
+
+EXPORTER = InMemorySpanExporter()
+READER = InMemoryMetricReader()
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    """The process-wide providers (OpenTelemetry allows setting each once per process), exporter cleared."""
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
+        trace.set_tracer_provider(provider)
+        metrics.set_meter_provider(MeterProvider(metric_readers=[READER]))
+    EXPORTER.clear()
+    yield EXPORTER
+    EXPORTER.clear()
+
+
+def _finished(exporter: InMemorySpanExporter, name: str, count: int) -> list[ReadableSpan]:
+    found = [s for s in exporter.get_finished_spans() if s.name == name]
+    return found if len(found) >= count else []
+
+
+@pytest.mark.parametrize("actor", ["otel.async", "otel.thread", "otel.process"])
+async def test_the_enqueue_and_process_spans_share_one_trace_continued_inside_the_actor(
+    dsn: str, spans: InMemorySpanExporter, actor: str
+) -> None:
+    tracer = trace.get_tracer("test")
+    async with await JobsClient.connect(dsn, registry=registry) as client:
+        with tracer.start_as_current_span("request") as request:
+            handle = await client.enqueue(actor, 1)
+        async with running_worker(dsn, registry):
+            row = await handle.wait(timeout=60)
+        [process] = await wait_for(lambda: _finished(spans, "process default", 1), timeout=20)
+    [send] = _finished(spans, "send default", 1)
+    trace_id = request.get_span_context().trace_id
+    assert send.kind is SpanKind.PRODUCER and send.context is not None and send.context.trace_id == trace_id
+    assert send.attributes is not None and send.attributes["messaging.message.id"] == str(handle.job_id)
+    assert process.kind is SpanKind.CONSUMER and process.context is not None
+    assert process.context.trace_id == trace_id and process.parent is not None
+    assert process.parent.span_id == send.context.span_id
+    attributes: Any = process.attributes
+    assert attributes["messaging.system"] == "taskq" and attributes["messaging.operation.type"] == "process"
+    assert attributes["taskq.actor"] == actor and attributes["taskq.outcome"] == "succeeded"
+    assert row.trace_context is not None and "traceparent" in row.trace_context
+    assert row.result == format(trace_id, "032x"), "the actor did not run inside the process span"
+
+
+async def test_a_retry_runs_in_a_trace_of_its_own_linked_to_the_enqueue(dsn: str, spans: InMemorySpanExporter) -> None:
+    async with await JobsClient.connect(dsn, registry=registry) as client:
+        handle = await client.enqueue("otel.flaky", 1)
+        async with running_worker(dsn, registry):
+            row = await handle.wait(timeout=60)
+        first, second = sorted(await wait_for(lambda: _finished(spans, "process default", 2), timeout=20),
+                               key=lambda s: s.start_time or 0)
+    [send] = _finished(spans, "send default", 1)
+    assert send.context is not None and first.context is not None and second.context is not None
+    assert first.context.trace_id == send.context.trace_id
+    assert first.attributes is not None and first.attributes["error.type"] == "RuntimeError"
+    assert second.context.trace_id != send.context.trace_id and second.parent is None
+    assert [link.context.span_id for link in second.links] == [send.context.span_id]
+    assert row.result == format(second.context.trace_id, "032x")
+
+
+def test_the_sync_client_traces_enqueue_and_enqueue_many(dsn: str, spans: InMemorySpanExporter) -> None:
+    with SyncJobsClient.connect(dsn) as client:
+        client.enqueue("otel.async", 1, queue="sync")
+        client.enqueue_many("otel.async", [1, 2, 3], queue="sync")
+    one, batch = sorted(_finished(spans, "send sync", 2), key=lambda s: s.start_time or 0)
+    assert one.attributes is not None and batch.attributes is not None
+    assert batch.attributes["messaging.batch.message_count"] == 3
+
+
+async def test_the_cancellation_spec_metric_names_are_opentelemetry_instruments(
+    dsn: str, spans: InMemorySpanExporter
+) -> None:
+    async with await JobsClient.connect(dsn, registry=registry) as client:
+        handle = await client.enqueue("otel.async", 1, queue="nobody")
+        await client.cancel(handle.job_id)
+        async with running_worker(dsn, registry, queues=["nobody"]):
+            names = await wait_for(lambda: _metric_names() >= {"taskq.heartbeat.tick_duration_seconds",
+                                                               "taskq.heartbeat.consecutive_failures"} and
+                                   _metric_names(), timeout=20)
+    assert "taskq.cancellation.requested" in names
+
+
+def _metric_names() -> set[str]:
+    data = READER.get_metrics_data()
+    if data is None:
+        return set()
+    return {m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
