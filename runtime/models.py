@@ -14,6 +14,8 @@ class JobStatus(enum.StrEnum):
     PENDING = "pending"
     SCHEDULED = "scheduled"
     RUNNING = "running"
+    AWAITING_PARENTS = "awaiting_parents"
+    """Waiting for its parents (enqueued with depends_on); never claimed until they settle."""
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -105,6 +107,12 @@ class JobRow(BaseModel):
     """The schedule that made this job, if one did."""
     scheduled_for: datetime | None = None
     """Its nominal slot time (a trigger's own instant)."""
+    has_dependents: bool = False
+    """Some job was enqueued with this one in its depends_on."""
+    parents_remaining: int = 0
+    """While awaiting_parents: the parents not yet terminal."""
+    dependency_mode: str | None = None
+    """'on_success' or 'on_any_terminal' for a job enqueued with depends_on; None otherwise."""
 
     @property
     def is_terminal(self) -> bool:
@@ -192,6 +200,8 @@ class RequeueResult(BaseModel):
     new_status: JobStatus
     requeued: bool
     conflict_job_id: UUID | None = None
+    revived: tuple[UUID, ...] = ()
+    """With cascade=True: the dependents brought back to awaiting_parents."""
 
 
 class BulkRequeueResult(BaseModel):
@@ -205,6 +215,8 @@ class BulkRequeueResult(BaseModel):
     conflicts: dict[UUID, UUID] = {}
     """Job left unchanged -> the job that holds its unique key."""
     batches: int
+    revived: tuple[UUID, ...] = ()
+    """With cascade=True: the dependents brought back to awaiting_parents."""
 
     @property
     def total(self) -> int:

@@ -87,7 +87,9 @@ SELECT job_id, detail FROM broken
 UNION ALL
 SELECT j.id, format('row is %%s but its last state change ends at %%s', j.status, coalesce(l.to_status, 'nothing'))
 FROM taskq.jobs AS j LEFT JOIN last_change AS l ON l.job_id = j.id
-WHERE (j.status NOT IN ('pending', 'scheduled') OR j.attempt > 0) AND l.to_status IS DISTINCT FROM j.status;
+-- (a job still waiting for its parents, like one still pending, may have no state change yet)
+WHERE (j.status NOT IN ('pending', 'scheduled', 'awaiting_parents') OR j.attempt > 0)
+  AND l.to_status IS DISTINCT FROM j.status;
 
 -- name: inv_one_job_per_slot
 -- At most one job per schedule slot (operator triggers are outside the slot sequence: no unique key).
@@ -123,9 +125,10 @@ LEFT JOIN LATERAL (
 ) AS bad ON true
 WHERE e.kind = 'requeued'
   AND (e.attempt > j.attempt OR (e.detail ->> 'claim_epoch')::bigint > j.claim_epoch OR bad.claim_epoch IS NOT NULL
-       OR NOT EXISTS (SELECT 1 FROM taskq.job_attempts AS a
+       -- (a child the dependency cascade cancelled before it ever ran is requeued at attempt 0)
+       OR (e.attempt > 0 AND NOT EXISTS (SELECT 1 FROM taskq.job_attempts AS a
                       WHERE a.job_id = e.job_id AND a.claim_epoch = (e.detail ->> 'claim_epoch')::bigint
-                        AND a.attempt = e.attempt));
+                        AND a.attempt = e.attempt)));
 
 -- name: inv_unique_key_single_holder
 -- At most one non-terminal job per unique key, and a retained row shares its key with no other live

@@ -360,10 +360,10 @@ WITH expired AS (
 SELECT u.id, u.status FROM upd AS u;
 
 -- name: job_sweep_deadline
--- Waiting rows whose schedule_to_close passed before any worker ran them end failed.
+-- Waiting rows (awaiting_parents too) whose schedule_to_close passed before any worker ran them end failed.
 WITH late AS (
     SELECT id, status AS prev FROM taskq.jobs
-    WHERE status IN ('pending', 'scheduled') AND schedule_to_close IS NOT NULL AND schedule_to_close <= now()
+    WHERE status IN ('pending', 'scheduled', 'awaiting_parents') AND schedule_to_close IS NOT NULL AND schedule_to_close <= now()
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), upd AS (
