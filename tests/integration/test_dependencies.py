@@ -9,7 +9,7 @@ from uuid import UUID
 import psycopg
 import pytest
 from pydantic import BaseModel
-from testkit import query, running_worker
+from testkit import query, running_worker, wait_for
 
 from taskq import JobContext, JobFailed, JobsClient, RetryPolicy
 from taskq.actors.declaration import ActorRegistry, actor
@@ -322,3 +322,49 @@ async def test_retention_keeps_a_parent_that_a_waiting_child_depends_on(dsn: str
         (deleted,) = query(dsn, "SELECT jobs FROM taskq.delete_terminal_jobs(%s)", [parent.job_id])
         assert deleted == (1,)
         assert query(dsn, "SELECT count(*) FROM taskq.job_dependencies WHERE parent_id = %s", parent.job_id) == [(0,)]
+
+
+async def test_a_parent_ending_while_its_childs_enqueue_commits_never_strands_the_child(dsn: str) -> None:
+    """200 rounds of the fan-in race of the prior art (a parent's terminal write against the enqueue of
+    its child): free races, the enqueue holding its transaction open while the parent's write waits, and
+    the parent's write holding its transaction open while the enqueue waits. No child is left waiting."""
+    from taskq import sql as queries
+
+    async with await JobsClient.connect(dsn, max_size=4) as client, \
+            await psycopg.AsyncConnection.connect(dsn, autocommit=True) as raw:
+        children: list[tuple[UUID, str]] = []
+        for i in range(200):
+            mode = ("on_success", "on_any_terminal")[i % 2]
+            parent = await client.enqueue("race.parent", i, queue="nobody")
+            order = i % 3
+            if order == 0:  # free race
+                _, child = await asyncio.gather(
+                    client.cancel(parent.job_id),
+                    client.enqueue("race.child", i, depends_on=[parent], dependency_mode=mode, queue="nobody"),
+                )
+            elif order == 1:  # the enqueue holds the parent's lock; the parent's terminal write waits for it
+                async with raw.transaction():
+                    child = await client.enqueue("race.child", i, depends_on=[parent], dependency_mode=mode,
+                                                 queue="nobody", connection=raw)
+                    cancel = asyncio.ensure_future(client.cancel(parent.job_id))
+                    await asyncio.sleep(0)
+                    await wait_for(lambda: _waiting_on_a_lock(dsn))
+                await cancel
+            else:  # the parent's terminal write commits while the enqueue waits on its row lock
+                async with raw.transaction():
+                    await raw.execute(queries.query("job_cancel_request"), {"id": parent.job_id, "reason": None})
+                    enqueue = asyncio.ensure_future(client.enqueue(
+                        "race.child", i, depends_on=[parent], dependency_mode=mode, queue="nobody"))
+                    await wait_for(lambda: _waiting_on_a_lock(dsn))
+                child = await enqueue
+            children.append((child.job_id, mode))
+        rows = dict(query(dsn, "SELECT id, status || ':' || coalesce(cancel_reason, '') FROM taskq.jobs "
+                               "WHERE actor = 'race.child'"))
+    for job_id, mode in children:
+        expected = "cancelled:parent-failure:cancelled" if mode == "on_success" else "pending:"
+        assert rows[job_id] == expected, (job_id, mode, rows[job_id])
+    await assert_invariants_hold(dsn)
+
+
+def _waiting_on_a_lock(dsn: str) -> bool:
+    return bool(query(dsn, "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"))
