@@ -367,4 +367,5 @@ async def test_a_parent_ending_while_its_childs_enqueue_commits_never_strands_th
 
 
 def _waiting_on_a_lock(dsn: str) -> bool:
-    return bool(query(dsn, "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"))
+    return bool(query(dsn, "SELECT 1 FROM pg_stat_activity "
+                           "WHERE wait_event_type = 'Lock' AND datname = current_database()"))
