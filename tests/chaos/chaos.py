@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import shutil
@@ -141,8 +142,48 @@ def make_plan(rng: random.Random, jobs: int, window: float) -> list[Planned]:
             else:
                 cancel_after = rng.uniform(0.1, 2.5)  # most likely running
         plan.append(Planned(key, actor, work, rng.uniform(0, window), max_attempts, future, cancel_after))
+    plan += make_graphs(rng, max(1, jobs // 15), window)
     plan.sort(key=lambda p: p.at)
     return plan
+
+
+def make_graphs(rng: random.Random, graphs: int, window: float) -> list[Planned]:
+    """Workflows under the same faults: chains, fan-outs and fan-ins of a few jobs each (every actor kind,
+    some failing or cancelled, so that the cascade runs from every terminal path the faults reach)."""
+    planned: list[Planned] = []
+    for g in range(graphs):
+        shape = rng.choice(["chain", "fan-out", "fan-in"])
+        at = rng.uniform(0, window)
+        name = f"g{g:04d}-{shape}"
+        mode = rng.choice(["on_success", "on_success", "on_any_terminal"])
+
+        node = functools.partial(_graph_node, rng, name, at=at, mode=mode)
+        if shape == "chain":
+            keys: list[str] = []
+            for i in range(rng.randint(3, 6)):
+                planned.append(node(i, (keys[-1],) if keys else ()))
+                keys.append(planned[-1].key)
+        elif shape == "fan-out":
+            root = node(0, ())
+            planned.append(root)
+            planned += [node(i, (root.key,)) for i in range(1, rng.randint(3, 8))]
+        else:
+            roots = [node(i, ()) for i in range(rng.randint(2, 5))]
+            planned += roots
+            planned.append(node(len(roots), tuple(r.key for r in roots)))
+    return planned
+
+
+def _graph_node(rng: random.Random, graph: str, i: int, parents: tuple[str, ...], at: float, mode: str) -> Planned:
+    work: dict[str, Any] = {"key": f"{graph}/{i}", "seconds": rng.uniform(0, 0.5)}
+    max_attempts = 5
+    if rng.random() < 0.15:
+        work["always_fail"], max_attempts = True, 2
+    elif rng.random() < 0.2:
+        work["fail_attempts"] = 1
+    cancel_after = rng.uniform(0.0, 2.0) if rng.random() < 0.08 else None
+    return Planned(work["key"], rng.choice(["chaos.async", "chaos.thread", "chaos.process"]), work, at,
+                   max_attempts, False, cancel_after, graph=graph, depends_on=parents, dependency_mode=mode)
 
 
 class Workload:
@@ -167,11 +208,11 @@ class Workload:
             now = loop.time() - start
             due = [p for p in todo if p.at <= now]
             todo = todo[len(due):]
-            groups: dict[tuple[str, int, bool], list[Planned]] = {}
+            groups: dict[tuple[str, int, bool] | str, list[Planned]] = {}
             for p in due:
-                groups.setdefault((p.actor, p.max_attempts, p.future), []).append(p)
+                groups.setdefault(p.graph or (p.actor, p.max_attempts, p.future), []).append(p)
             for batch in groups.values():
-                await self._enqueue(batch)
+                await (self._enqueue_graph(batch) if batch[0].graph else self._enqueue(batch))
                 for p in batch:
                     if p.cancel_after is not None and p.job_id is not None:
                         self.cancels.append(loop.create_task(self._cancel(p)))
@@ -209,6 +250,39 @@ class Workload:
                 if rows:
                     found = dict(rows)
                     for p in batch:
+                        p.job_id, p.error, p.via = found.get(p.key), None, "written, then the connection broke"
+                    return
+            if loop.time() > deadline:
+                return
+
+    async def _enqueue_graph(self, nodes: list[Planned]) -> None:
+        """One workflow, all or nothing; retried as `_enqueue` retries a batch."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.RETRY_FOR
+        delay = 0.1
+        while True:
+            try:
+                async with self.client.workflow() as wf:
+                    made: dict[str, Any] = {}
+                    for p in nodes:
+                        made[p.key] = wf.enqueue(p.actor, p.work, max_attempts=p.max_attempts,
+                                                 depends_on=[made[k] for k in p.depends_on],
+                                                 dependency_mode=p.dependency_mode)
+                for p in nodes:
+                    p.job_id, p.error, p.via = made[p.key].job_id, None, "workflow"
+                return
+            except Exception as exc:
+                self.client_errors += 1
+                for p in nodes:
+                    p.error = f"{type(exc).__name__}: {exc}"
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+            with contextlib.suppress(Exception):
+                rows = await fetch(self.dsn, "SELECT payload->>'key', id FROM taskq.jobs WHERE parent_id IS NULL "
+                                             "AND payload->>'key' = ANY(%s)", [p.key for p in nodes])
+                if rows:
+                    found = dict(rows)
+                    for p in nodes:
                         p.job_id, p.error, p.via = found.get(p.key), None, "written, then the connection broke"
                     return
             if loop.time() > deadline:
@@ -313,7 +387,9 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosReport:
             log("corrupting one row on purpose: " + await corrupt_one_row(dsn))
         cancels = Counter(p.cancel_outcome for p in plan if p.cancel_after is not None and p.job_id is not None)
         rows = await fetch(dsn, "SELECT count(*) FILTER (WHERE parent_id IS NOT NULL), "
-                                "count(*) FILTER (WHERE 'chaos-future' = ANY(tags)) FROM taskq.jobs")
+                                "count(*) FILTER (WHERE 'chaos-future' = ANY(tags)), "
+                                "count(*) FILTER (WHERE dependency_mode IS NOT NULL), "
+                                "count(*) FILTER (WHERE error_class = 'ParentFailed') FROM taskq.jobs")
         run: dict[str, Any] = {
             "seed": seed,
             "workers / windows": f"{config.workers} workers, heartbeat {WINDOWS['heartbeat_interval']}s, lock "
@@ -322,6 +398,8 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosReport:
             "jobs enqueued (top level / children)": f"{sum(p.job_id is not None for p in plan)} / {rows[0][0]}",
             **{f"  via {via}": n for via, n in sorted(Counter(p.via for p in plan if p.job_id).items())},
             "jobs scheduled a day ahead (never run)": rows[0][1],
+            "graph jobs (workflows) / with parents / cancelled by the cascade":
+                f"{sum(p.graph is not None for p in plan)} / {rows[0][2]} / {rows[0][3]}",
             "faults injected": sum(faults.by_kind().values()),
             **{f"  fault {kind}": n for kind, n in faults.by_kind().items()},
             "  skipped (no live worker to signal)": faults.skipped(),
