@@ -42,64 +42,70 @@ CREATE INDEX job_dependencies_child_idx ON taskq.job_dependencies (child_id);
 
 -- The cascade, run once per parent terminal transition (the trigger below), in that transaction.
 -- Iterative, not recursive: each round resolves the unresolved edges of the current frontier of parents
--- in one statement, updates their children in one statement (ordered by id, so two cascades meet the
--- child rows in one order) with one event each, and makes the children it cancelled (that have children
--- of their own) the next frontier. A chain of any length costs one trigger call, never one stack frame per
--- generation. The setting taskq.settling keeps the children's own terminal writes (the cancels below) from
--- firing the trigger again: this loop takes them on. Statements here see edges committed by enqueues that
--- held the parent's row lock while the parent's write waited (each statement takes a fresh snapshot).
+-- in one statement, locks their waiting children in id order (so two cascades meet the child rows in one
+-- order), updates them in one statement with one event each, and makes the children it cancelled (that
+-- have children of their own) the next frontier. A chain of any length costs one trigger call, never one
+-- stack frame per generation. Every round after the first has one outcome, 'cancelled' (only cancelled
+-- children go on), so the outcome is a scalar. The rows are found by id arrays (= ANY, primary keys), so
+-- no plan can join a big fan-out against a scan of a table. The setting taskq.settling keeps the
+-- children's own terminal writes (the cancels below) from firing the trigger again: this loop takes them
+-- on. Statements here see edges committed by enqueues that held the parent's row lock while the parent's
+-- write waited (each statement takes a fresh snapshot).
 CREATE FUNCTION taskq.settle_dependents() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
 DECLARE
     frontier uuid[] := ARRAY[NEW.id];
-    outcomes text[] := ARRAY[NEW.status];
+    outcome text := NEW.status;
+    failed text;
+    kids uuid[];
+    counts int[];
+    culprits uuid[];
 BEGIN
     PERFORM set_config('taskq.settling', 'on', true);
-    WHILE cardinality(frontier) > 0 LOOP
-        WITH p AS (
-            SELECT * FROM unnest(frontier, outcomes) AS t(id, status)
-        ), resolved AS (
-            UPDATE taskq.job_dependencies AS d SET resolved_at = now(), parent_status = p.status
-            FROM p
-            WHERE d.parent_id = p.id AND d.resolved_at IS NULL
-            RETURNING d.child_id, d.parent_id, p.status
+    LOOP
+        failed := CASE WHEN outcome <> 'succeeded' THEN outcome END;
+        WITH resolved AS (
+            UPDATE taskq.job_dependencies AS d SET resolved_at = now(), parent_status = outcome
+            WHERE d.parent_id = ANY(frontier) AND d.resolved_at IS NULL
+            RETURNING d.child_id, d.parent_id
         ), per_child AS (
-            SELECT r.child_id, count(*)::int AS n,
-                   min(r.status) FILTER (WHERE r.status <> 'succeeded') AS failed,
-                   min(r.parent_id::text) FILTER (WHERE r.status <> 'succeeded')::uuid AS failed_parent
+            SELECT r.child_id, count(*)::int AS n, min(r.parent_id::text)::uuid AS culprit
             FROM resolved AS r GROUP BY r.child_id
-        ), locked AS (
-            SELECT j.id FROM taskq.jobs AS j JOIN per_child AS c ON c.child_id = j.id
-            WHERE j.status = 'awaiting_parents'
-            ORDER BY j.id
-            FOR NO KEY UPDATE OF j
+        )
+        SELECT array_agg(c.child_id ORDER BY c.child_id), array_agg(c.n ORDER BY c.child_id),
+               array_agg(c.culprit ORDER BY c.child_id)
+        INTO kids, counts, culprits
+        FROM per_child AS c;
+        EXIT WHEN kids IS NULL;
+        PERFORM 1 FROM taskq.jobs WHERE id = ANY(kids) AND status = 'awaiting_parents' ORDER BY id
+            FOR NO KEY UPDATE;
+        WITH c AS (
+            SELECT * FROM unnest(kids, counts, culprits) AS t(id, n, culprit)
         ), upd AS (
             UPDATE taskq.jobs AS j SET
                 parents_remaining = greatest(j.parents_remaining - c.n, 0),
-                status = CASE WHEN c.failed IS NOT NULL AND j.dependency_mode = 'on_success' THEN 'cancelled'
+                status = CASE WHEN failed IS NOT NULL AND j.dependency_mode = 'on_success' THEN 'cancelled'
                               WHEN j.parents_remaining - c.n > 0 THEN 'awaiting_parents'
                               WHEN j.scheduled_at > now() THEN 'scheduled'
                               ELSE 'pending' END,
-                cancel_requested_at = CASE WHEN c.failed IS NOT NULL AND j.dependency_mode = 'on_success'
+                cancel_requested_at = CASE WHEN failed IS NOT NULL AND j.dependency_mode = 'on_success'
                                            THEN now() ELSE j.cancel_requested_at END,
-                cancel_reason = CASE WHEN c.failed IS NOT NULL AND j.dependency_mode = 'on_success'
-                                     THEN 'parent-failure:' || c.failed ELSE j.cancel_reason END,
-                error_class = CASE WHEN c.failed IS NOT NULL AND j.dependency_mode = 'on_success'
+                cancel_reason = CASE WHEN failed IS NOT NULL AND j.dependency_mode = 'on_success'
+                                     THEN 'parent-failure:' || failed ELSE j.cancel_reason END,
+                error_class = CASE WHEN failed IS NOT NULL AND j.dependency_mode = 'on_success'
                                    THEN 'ParentFailed' ELSE j.error_class END,
-                error_message = CASE WHEN c.failed IS NOT NULL AND j.dependency_mode = 'on_success'
-                                     THEN format('parent %s ended %s', c.failed_parent, c.failed)
-                                     ELSE j.error_message END,
-                finished_at = CASE WHEN c.failed IS NOT NULL AND j.dependency_mode = 'on_success'
+                error_message = CASE WHEN failed IS NOT NULL AND j.dependency_mode = 'on_success'
+                                     THEN format('parent %s ended %s', c.culprit, failed) ELSE j.error_message END,
+                finished_at = CASE WHEN failed IS NOT NULL AND j.dependency_mode = 'on_success'
                                    THEN now() ELSE j.finished_at END
-            FROM per_child AS c, locked AS l
-            WHERE j.id = c.child_id AND j.id = l.id AND j.status = 'awaiting_parents'
-            RETURNING j.id, j.status, j.queue, j.attempt, j.has_dependents, j.parents_remaining, c.failed,
-                      c.failed_parent
+            FROM c
+            WHERE j.id = c.id AND j.status = 'awaiting_parents'
+            RETURNING j.id, j.status, j.queue, j.attempt, j.has_dependents, c.culprit
         ), ev AS (
             INSERT INTO taskq.job_events (job_id, kind, from_status, to_status, attempt, detail)
             SELECT u.id, 'state_change', 'awaiting_parents', u.status, u.attempt,
                    CASE WHEN u.status = 'cancelled'
-                        THEN jsonb_build_object('cause', 'parent-failure:' || u.failed, 'parent_id', u.failed_parent,
+                        THEN jsonb_build_object('cause', 'parent-failure:' || failed, 'parent_id', u.culprit,
                                                 'error_class', 'ParentFailed')
                         ELSE jsonb_build_object('cause', 'parents-settled') END
             FROM upd AS u WHERE u.status <> 'awaiting_parents'
@@ -107,11 +113,12 @@ BEGIN
             SELECT pg_notify('taskq_jobs', q.queue)
             FROM (SELECT DISTINCT u.queue FROM upd AS u WHERE u.status = 'pending') AS q
         )
-        SELECT coalesce(array_agg(u.id) FILTER (WHERE u.status = 'cancelled' AND u.has_dependents), '{}'),
-               coalesce(array_agg(u.status) FILTER (WHERE u.status = 'cancelled' AND u.has_dependents), '{}')
-        INTO frontier, outcomes
+        SELECT array_agg(u.id) FILTER (WHERE u.status = 'cancelled' AND u.has_dependents)
+        INTO frontier
         FROM upd AS u
         WHERE (SELECT count(*) FROM notified) >= 0;
+        EXIT WHEN frontier IS NULL;
+        outcome := 'cancelled';
     END LOOP;
     PERFORM set_config('taskq.settling', '', true);
     RETURN NULL;
