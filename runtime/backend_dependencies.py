@@ -13,10 +13,9 @@ from typing import Any
 from uuid import UUID
 
 from psycopg import AsyncConnection
-from psycopg.rows import tuple_row
 
 from taskq import sql
-from taskq.backend import JobBatch
+from taskq.backend import JobBatch, caller_cursor
 from taskq.exceptions import DependencyNotFound
 from taskq.models import JobStatus
 
@@ -53,20 +52,20 @@ async def insert_dependent(
     params = batch.params() | {
         "parent_ids": list(parent_ids), "dependency_mode": mode, "notify": notify,
     }
-    async with conn.cursor(row_factory=tuple_row) as cur:
+    async with caller_cursor(conn) as cur:
         await cur.execute(sql.query("job_insert_dependent"), params)
         row = await cur.fetchone()
     assert row is not None
     status, scheduled_at, schedule_to_close, created_at, missing, _ = row
     if missing:
-        shown = ", ".join(str(m) for m in missing[:5]) + (" ..." if len(missing) > 5 else "")
+        shown = ", ".join(map(str, missing[:5])) + (" ..." if len(missing) > 5 else "")
         raise DependencyNotFound(f"depends_on names {len(missing)} job(s) that do not exist: {shown}", tuple(missing))
     return DependentWrite(status, scheduled_at, schedule_to_close, created_at)
 
 
 async def dependencies(conn: AsyncConnection[Any], job_id: UUID) -> list[DependencyEdge]:
     """The job's parents, then its children."""
-    async with conn.cursor(row_factory=tuple_row) as cur:
+    async with caller_cursor(conn) as cur:
         await cur.execute(sql.query("job_dependencies"), {"id": job_id})
         rows = await cur.fetchall()
     return [
@@ -78,7 +77,7 @@ async def dependencies(conn: AsyncConnection[Any], job_id: UUID) -> list[Depende
 
 async def parent_results(conn: AsyncConnection[Any], job_id: UUID) -> list[tuple[UUID, str, JobStatus, Any]]:
     """(parent id, actor, status, stored result) for every parent of the job."""
-    async with conn.cursor(row_factory=tuple_row) as cur:
+    async with caller_cursor(conn) as cur:
         await cur.execute(sql.query("job_parent_results"), {"id": job_id})
         return [(pid, actor, JobStatus(st), result) for pid, actor, st, result in await cur.fetchall()]
 
@@ -88,6 +87,6 @@ async def revive_dependents(conn: AsyncConnection[Any], ids: list[UUID], reason:
     awaiting_parents. Returns the jobs revived."""
     if not ids:
         return []
-    async with conn.cursor(row_factory=tuple_row) as cur:
+    async with caller_cursor(conn) as cur:
         await cur.execute(sql.query("job_revive_dependents"), {"ids": ids, "reason": reason})
         return [r[0] for r in await cur.fetchall()]

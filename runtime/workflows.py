@@ -26,7 +26,7 @@ from psycopg import AsyncConnection
 from typing_extensions import TypeVar
 
 from taskq import backend_dependencies
-from taskq.backend import Backend, InsertedJob, JobBatch, JobInsert
+from taskq.backend import Backend, InsertedJob, JobBatch, JobInsert, check_caller_connection
 from taskq.backend_dependencies import DependencyEdge
 from taskq.checks import as_job_id
 from taskq.exceptions import ConfigurationError, DependencyInvalid
@@ -138,6 +138,7 @@ async def enqueue_graph(
     if not jobs:
         return []
     if conn is not None:
+        check_caller_connection(conn, backend.database)
         async with conn.transaction():
             return [await _insert_on(backend, conn, g) for g in jobs]
     async with backend.pool.connection() as own, own.transaction():
@@ -159,6 +160,7 @@ async def enqueue_many_dependent(
 ) -> None:
     """Batches of jobs sharing the same parents (a fan-out), one statement per batch, in one transaction."""
     if conn is not None:
+        check_caller_connection(conn, backend.database)
         async with conn.transaction():
             for batch in batches:
                 await backend_dependencies.insert_dependent(conn, batch, parent_ids, mode)

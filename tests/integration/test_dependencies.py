@@ -369,3 +369,26 @@ async def test_a_parent_ending_while_its_childs_enqueue_commits_never_strands_th
 def _waiting_on_a_lock(dsn: str) -> bool:
     return bool(query(dsn, "SELECT 1 FROM pg_stat_activity "
                            "WHERE wait_event_type = 'Lock' AND datname = current_database()"))
+
+
+def test_the_sync_client_enqueues_graphs_requeues_with_cascade_and_reads_the_edges(dsn: str) -> None:
+    from taskq import SyncJobsClient
+
+    with SyncJobsClient.connect(dsn) as client:
+        with client.workflow() as wf:
+            a = wf.enqueue("wf.any", 1, queue="nobody")
+            b = wf.enqueue("wf.any", 2, depends_on=[a], queue="nobody")
+        c = client.enqueue("wf.any", 3, depends_on=[b.handle], queue="nobody")
+        fan = client.enqueue_many("wf.any", [4, 5], depends_on=[a.job_id], queue="nobody")
+        assert status_of(dsn, c.job_id) == "awaiting_parents" and len(fan) == 2
+        with pytest.raises(DependencyNotFound):
+            client.enqueue("wf.any", 6, depends_on=[UUID(int=9)])
+        query(dsn, "UPDATE taskq.jobs SET status = 'failed', finished_at = now() WHERE id = %s", a.job_id)
+        assert status_of(dsn, c.job_id) == "cancelled"
+        result = client.requeue(a.job_id, cascade=True)
+        assert set(result.revived) == {b.job_id, c.job_id, *(h.job_id for h in fan)}
+        assert {e.job_id for e in client.dependencies(a.job_id)} == {b.job_id, *(h.job_id for h in fan)}
+        with pytest.raises(RuntimeError, match="midway"), client.workflow() as wf:
+            wf.enqueue("wf.any", 7)
+            raise RuntimeError("midway")
+    assert query(dsn, "SELECT count(*) FROM taskq.jobs")[0][0] == 5
