@@ -260,7 +260,7 @@ NonEmptyStr = Annotated[str, StringConstraints(min_length=1, max_length=255)]
 
 class JobFilter(BaseModel):
     """Selects jobs: every given criterion must hold. `tags` means all of them; `unfinished` limits to
-    pending, scheduled and running. An empty filter matches everything, so bulk cancels refuse it."""
+    pending, scheduled, awaiting_parents and running. An empty filter matches everything, so bulk cancels refuse it."""
 
     model_config = _frozen
 

@@ -39,11 +39,12 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import psycopg
 from chaos_checks import (
@@ -219,23 +220,43 @@ class Workload:
         await asyncio.gather(*self.cancels)
 
     async def _enqueue(self, batch: list[Planned]) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.RETRY_FOR
-        delay = 0.1
         first = batch[0]
         options: dict[str, Any] = {
             "max_attempts": first.max_attempts,
             "scheduled_at": timedelta(days=1) if first.future else None,
             "tags": (FUTURE_TAG,) if first.future else (),
         }
+
+        async def write() -> list[UUID]:
+            if len(batch) == 1:
+                return [(await self.client.enqueue(first.actor, first.work, **options)).job_id]
+            return [h.job_id for h in await self.client.enqueue_many(first.actor, [p.work for p in batch], **options)]
+
+        await self._write_retrying(batch, write, "enqueue" if len(batch) == 1 else "enqueue_many")
+
+    async def _enqueue_graph(self, nodes: list[Planned]) -> None:
+        """One workflow (client.workflow(): one transaction, all or nothing)."""
+
+        async def write() -> list[UUID]:
+            async with self.client.workflow() as wf:
+                made: dict[str, Any] = {}
+                for p in nodes:
+                    made[p.key] = wf.enqueue(p.actor, p.work, max_attempts=p.max_attempts,
+                                             depends_on=[made[k] for k in p.depends_on],
+                                             dependency_mode=p.dependency_mode)
+            return [made[p.key].job_id for p in nodes]
+
+        await self._write_retrying(nodes, write, "workflow")
+
+    async def _write_retrying(self, batch: list[Planned], write: Callable[[], Awaitable[list[UUID]]],
+                              via: str) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.RETRY_FOR
+        delay = 0.1
         while True:
             try:
-                if len(batch) == 1:
-                    handles = [await self.client.enqueue(first.actor, first.work, **options)]
-                else:
-                    handles = await self.client.enqueue_many(first.actor, [p.work for p in batch], **options)
-                for p, handle in zip(batch, handles, strict=True):
-                    p.job_id, p.error, p.via = handle.job_id, None, "enqueue" if len(batch) == 1 else "enqueue_many"
+                for p, job_id in zip(batch, await write(), strict=True):
+                    p.job_id, p.error, p.via = job_id, None, via
                 return
             except Exception as exc:
                 self.client_errors += 1
@@ -250,39 +271,6 @@ class Workload:
                 if rows:
                     found = dict(rows)
                     for p in batch:
-                        p.job_id, p.error, p.via = found.get(p.key), None, "written, then the connection broke"
-                    return
-            if loop.time() > deadline:
-                return
-
-    async def _enqueue_graph(self, nodes: list[Planned]) -> None:
-        """One workflow, all or nothing; retried as `_enqueue` retries a batch."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.RETRY_FOR
-        delay = 0.1
-        while True:
-            try:
-                async with self.client.workflow() as wf:
-                    made: dict[str, Any] = {}
-                    for p in nodes:
-                        made[p.key] = wf.enqueue(p.actor, p.work, max_attempts=p.max_attempts,
-                                                 depends_on=[made[k] for k in p.depends_on],
-                                                 dependency_mode=p.dependency_mode)
-                for p in nodes:
-                    p.job_id, p.error, p.via = made[p.key].job_id, None, "workflow"
-                return
-            except Exception as exc:
-                self.client_errors += 1
-                for p in nodes:
-                    p.error = f"{type(exc).__name__}: {exc}"
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
-            with contextlib.suppress(Exception):
-                rows = await fetch(self.dsn, "SELECT payload->>'key', id FROM taskq.jobs WHERE parent_id IS NULL "
-                                             "AND payload->>'key' = ANY(%s)", [p.key for p in nodes])
-                if rows:
-                    found = dict(rows)
-                    for p in nodes:
                         p.job_id, p.error, p.via = found.get(p.key), None, "written, then the connection broke"
                     return
             if loop.time() > deadline:

@@ -308,20 +308,30 @@ async def test_a_chain_of_a_thousand_cancels_in_one_trigger_call_without_recursi
     await assert_invariants_hold(dsn)
 
 
-async def test_retention_keeps_a_parent_that_a_waiting_child_depends_on(dsn: str) -> None:
+async def test_retention_keeps_a_parent_that_a_waiting_child_depends_on_and_prunes_past_it(dsn: str) -> None:
+    from taskq.models import PruneClass
+    from taskq.retention import prune
+
     async with await JobsClient.connect(dsn) as client:
-        parent = await client.enqueue("wf.any", 1)
-        other = await client.enqueue("wf.any", 2)
-        child = await client.enqueue("wf.any", 3, depends_on=[parent, other])
+        parent = await client.enqueue("wf.any", 1, queue="nobody")
+        other = await client.enqueue("wf.any", 2, queue="nobody")
+        child = await client.enqueue("wf.any", 3, depends_on=[parent, other], queue="nobody")
+        plain = await client.enqueue("wf.any", 4, queue="nobody")
+        # the protected parent is the oldest finished row: a batch of one must pass over it, not stall
         query(dsn, "UPDATE taskq.jobs SET status = 'succeeded', finished_at = now() - interval '10 days' "
                    "WHERE id = %s", parent.job_id)
+        query(dsn, "UPDATE taskq.jobs SET status = 'succeeded', finished_at = now() - interval '9 days' "
+                   "WHERE id = %s", plain.job_id)
         assert status_of(dsn, child.job_id) == "awaiting_parents"
+        keep = {PruneClass.SUCCEEDED: 3600.0, PruneClass.FAILED: 3600.0, PruneClass.ATTEMPTS: 0.0}
+        result = await prune(client.backend, keep, batch_size=1, pause_ratio=0)
+        assert result.succeeded == 1
+        assert query(dsn, "SELECT id FROM taskq.jobs WHERE id = %s", plain.job_id) == []
         (deleted,) = query(dsn, "SELECT jobs FROM taskq.delete_terminal_jobs(%s)", [parent.job_id])
-        assert deleted == (0,)
+        assert deleted == (0,)  # the owner function keeps it too, whatever ids it is given
         await client.cancel(child.job_id)
-        (deleted,) = query(dsn, "SELECT jobs FROM taskq.delete_terminal_jobs(%s)", [parent.job_id])
-        assert deleted == (1,)
-        assert query(dsn, "SELECT count(*) FROM taskq.job_dependencies WHERE parent_id = %s", parent.job_id) == [(0,)]
+        assert (await prune(client.backend, keep, batch_size=1, pause_ratio=0)).succeeded == 1  # the parent now
+        assert query(dsn, "SELECT parent_id FROM taskq.job_dependencies") == [(other.job_id,)]  # its edge went
 
 
 async def test_a_parent_ending_while_its_childs_enqueue_commits_never_strands_the_child(dsn: str) -> None:
