@@ -134,8 +134,8 @@ def unique_kids(payload: str, ctx: JobContext[str]) -> dict[str, Any]:
 @actor(name="iso.proc.dependent", isolation="process")
 def dependent(payload: int, ctx: JobContext[int]) -> dict[str, Any]:
     """Reads its parents' results from a child process; then enqueues a job that waits on this one."""
-    parents = ctx.parent_results()
-    waiting = ctx.jobs.enqueue("iso.proc.whoami", 3, depends_on=[ctx.job_id])
+    parents = ctx.parent_results_sync()
+    waiting = ctx.jobs.enqueue_sync("iso.proc.whoami", 3, depends_on=[ctx.job_id])
     return {"parents": {str(k): v for k, v in parents.items()}, "waiting": str(waiting.job_id),
             "waiting_status": str(waiting.row.status if waiting.row else None)}
 
