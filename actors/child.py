@@ -330,6 +330,8 @@ class _ChildJobs:
         if isinstance(target, Actor):
             payload = target.payload_adapter.dump_python(target.validate_payload(payload), mode="json")
             target = target.name
+        if options.get("depends_on") is not None:  # ids cross the channel, not handles
+            options["depends_on"] = [getattr(p, "job_id", p) for p in options["depends_on"]]
         row, created = self._ctx._child.request("enqueue", self._ctx._job, target, payload, options)
         return JobHandle(row.id, client=None, row=row, created=created)
 
@@ -377,6 +379,14 @@ class ChildJobContext(Generic[P]):
         self.last_progress = data
 
     progress_sync = progress
+
+    def parent_results(self) -> dict[UUID, Any]:
+        """{parent id: result} for the parents this job depends on (synchronous here; see
+        JobContext.parent_results): typed by the parent's actor when the worker registers it."""
+        results: dict[UUID, Any] = self._child.request("parent_results", self._job)
+        return results
+
+    parent_results_sync = parent_results
 
 
 def child_main(sock: socket.socket, parent_pid: int, preload: Sequence[str], log_level: int,

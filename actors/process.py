@@ -382,7 +382,7 @@ class ProcessExecutor:
         if kind in ("result", "error", "cancelled"):
             if child.outcome is not None and not child.outcome.done():
                 child.outcome.set_result(message)
-        elif kind in ("progress", "enqueue"):
+        elif kind in ("progress", "enqueue", "parent_results"):
             task = asyncio.get_running_loop().create_task(self._answer(child, child.entry, message))
             child.answers.add(task)
             task.add_done_callback(child.answers.discard)
@@ -397,6 +397,8 @@ class ProcessExecutor:
             if kind == "progress":
                 data, text = args
                 await entry.ctx.progress(data, message=text)
+            elif kind == "parent_results":
+                value = await entry.ctx.parent_results()
             else:
                 target, payload, options = args
                 handle = await entry.ctx.jobs.enqueue(target, payload, **options)

@@ -111,7 +111,7 @@ def server_facts(dsn: str) -> dict[str, Any]:
 def reset_jobs(dsn: str) -> None:
     """Empty every taskq table the worker writes, and give the planner fresh statistics."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("TRUNCATE taskq.jobs, taskq.job_events, taskq.job_attempts, taskq.workers")
+        conn.execute("TRUNCATE taskq.jobs, taskq.job_events, taskq.job_attempts, taskq.workers, taskq.job_dependencies")
         conn.execute("VACUUM ANALYZE taskq.jobs")
 
 

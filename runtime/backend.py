@@ -10,7 +10,8 @@ import functools
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from contextlib import AbstractAsyncContextManager, nullcontext
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Self, TypeVar, cast
 from uuid import UUID
@@ -203,6 +204,7 @@ class RequeueRow:
     previous_status: JobStatus
     requeued: bool
     conflict_job_id: UUID | None
+    revived: tuple[UUID, ...] = ()
 
 
 def filter_params(flt: JobFilter) -> dict[str, Any]:
@@ -282,6 +284,10 @@ class InsertedJob:
                 trace_context=from_json(opts.trace_context) if opts.trace_context is not None else None,
             )
         )
+
+
+def _tx_if(conn: AsyncConnection[Any], wanted: bool) -> AbstractAsyncContextManager[Any]:
+    return conn.transaction() if wanted else nullcontext()
 
 
 def row_to_job(row: dict[str, Any]) -> JobRow:
@@ -580,39 +586,52 @@ class Backend:
     # -- requeue ---------------------------------------------------------------------------------
 
     @_reports_outage
-    async def job_requeue(self, job_id: UUID, params: RequeueParams) -> RequeueRow | None:
+    async def job_requeue(self, job_id: UUID, params: RequeueParams, *, cascade: bool = False) -> RequeueRow | None:
         """Requeue one failed, crashed or abandoned job (one fenced statement, its event included); None
         if no such job. A unique violation means a holder committed after the statement's snapshot: the
-        statement changed nothing and runs again, and then names that holder."""
+        statement changed nothing and runs again, and then names that holder. `cascade`: in the same
+        transaction, its cascade-cancelled dependents wait for it again (RequeueRow.revived)."""
+        from taskq.backend_dependencies import revive_dependents  # it builds on this module
+
         values = params.params() | {"id": job_id}
         async with self.pool.connection() as conn:
             for _ in range(UNIQUE_INSERT_TRIES):
                 try:
-                    cur = await conn.execute(sql.query("job_requeue"), values)
+                    async with _tx_if(conn, cascade):
+                        cur = await conn.execute(sql.query("job_requeue"), values)
+                        row = await cur.fetchone()
+                        revived = await revive_dependents(conn, [job_id] if cascade and row and row[1] else [],
+                                                          params.reason)
                 except errors.UniqueViolation:
                     continue
-                row = await cur.fetchone()
                 if row is None:
                     return None
                 prev, requeued, conflict, _ = row
-                return RequeueRow(job_id, JobStatus(prev), bool(requeued), conflict)
+                return RequeueRow(job_id, JobStatus(prev), bool(requeued), conflict, tuple(revived))
         raise UniqueKeyContention(f"job {job_id}: its unique key kept being taken during the requeue; try again")
 
     @_reports_outage
     async def job_requeue_where_batch(
-        self, flt: JobFilter, params: RequeueParams, *, after: UUID | None, limit: int
+        self, flt: JobFilter, params: RequeueParams, *, after: UUID | None, limit: int, cascade: bool = False
     ) -> list[RequeueRow]:
         """One committed batch of a bulk requeue: the matching failure-status jobs with ids above `after`,
-        at most `limit`, in id order (the caller goes on from the last id returned)."""
+        at most `limit`, in id order (the caller goes on from the last id returned). `cascade`: as for
+        job_requeue, the revived dependents of the batch all on its first row."""
+        from taskq.backend_dependencies import revive_dependents
+
         values = filter_params(flt) | params.params() | {"after": after, "limit": limit}
         async with self.pool.connection() as conn:
             for _ in range(UNIQUE_INSERT_TRIES):
                 try:
-                    cur = await conn.execute(sql.query("job_requeue_where_batch"), values)
+                    async with _tx_if(conn, cascade):
+                        cur = await conn.execute(sql.query("job_requeue_where_batch"), values)
+                        rows = [RequeueRow(job_id, JobStatus(prev), bool(requeued), conflict)
+                                for job_id, prev, requeued, conflict, _ in await cur.fetchall()]
+                        revived = await revive_dependents(
+                            conn, [r.job_id for r in rows if r.requeued] if cascade else [], params.reason)
                 except errors.UniqueViolation:
                     continue
-                return [
-                    RequeueRow(job_id, JobStatus(prev), bool(requeued), conflict)
-                    for job_id, prev, requeued, conflict, _ in await cur.fetchall()
-                ]
+                if revived:
+                    rows[0] = replace(rows[0], revived=tuple(revived))
+                return rows
         raise UniqueKeyContention("a bulk requeue batch kept meeting unique keys taken meanwhile; try again")

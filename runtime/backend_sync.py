@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Self, TypeVar, cast
 from uuid import UUID
@@ -61,6 +63,10 @@ def _reports_outage(method: _Method) -> _Method:
             raise DatabaseUnavailable(f"lost the connection to PostgreSQL at {redact_dsn(self.dsn)}: {detail}") from exc
 
     return cast(_Method, wrapper)
+
+
+def _tx_if(conn: Connection[Any], wanted: bool) -> AbstractContextManager[Any]:
+    return conn.transaction() if wanted else nullcontext()
 
 
 def check_schema(conn: Connection[Any]) -> int:
@@ -317,39 +323,54 @@ class SyncBackend:
         return (row[0], row[1]) if row else None
 
     @_reports_outage
-    def job_requeue(self, job_id: UUID, params: RequeueParams) -> RequeueRow | None:
+    def job_requeue(self, job_id: UUID, params: RequeueParams, *, cascade: bool = False) -> RequeueRow | None:
         """Requeue one failed, crashed or abandoned job (one fenced statement, its event included); None
         if no such job. A unique violation means a holder committed after the statement's snapshot: the
-        statement changed nothing and runs again, and then names that holder."""
+        statement changed nothing and runs again, and then names that holder. `cascade`: in the same
+        transaction, its cascade-cancelled dependents wait for it again (RequeueRow.revived)."""
+        from taskq.backend_dependencies_sync import revive_dependents
+
         values = params.params() | {"id": job_id}
         with self.pool.connection() as conn:
             for _ in range(UNIQUE_INSERT_TRIES):
                 try:
-                    cur = conn.execute(sql.query("job_requeue"), values)
+                    with _tx_if(conn, cascade):
+                        cur = conn.execute(sql.query("job_requeue"), values)
+                        row = cur.fetchone()
+                        revived = revive_dependents(conn, [job_id] if cascade and row and row[1] else [], params.reason)
                 except errors.UniqueViolation:
                     continue
-                row = cur.fetchone()
                 if row is None:
                     return None
                 prev, requeued, conflict, _ = row
-                return RequeueRow(job_id, JobStatus(prev), bool(requeued), conflict)
+                return RequeueRow(job_id, JobStatus(prev), bool(requeued), conflict, tuple(revived))
         raise UniqueKeyContention(f"job {job_id}: its unique key kept being taken during the requeue; try again")
 
     @_reports_outage
     def job_requeue_where_batch(
-        self, flt: JobFilter, params: RequeueParams, *, after: UUID | None, limit: int
+        self, flt: JobFilter, params: RequeueParams, *, after: UUID | None, limit: int, cascade: bool = False
     ) -> list[RequeueRow]:
         """One committed batch of a bulk requeue: the matching failure-status jobs with ids above `after`,
-        at most `limit`, in id order (the caller goes on from the last id returned)."""
+        at most `limit`, in id order (the caller goes on from the last id returned). `cascade`: as for
+        job_requeue, the revived dependents of the batch all on its first row."""
+        from taskq.backend_dependencies_sync import revive_dependents
+
         values = filter_params(flt) | params.params() | {"after": after, "limit": limit}
         with self.pool.connection() as conn:
             for _ in range(UNIQUE_INSERT_TRIES):
                 try:
-                    cur = conn.execute(sql.query("job_requeue_where_batch"), values)
+                    with _tx_if(conn, cascade):
+                        cur = conn.execute(sql.query("job_requeue_where_batch"), values)
+                        rows = [
+                            RequeueRow(job_id, JobStatus(prev), bool(requeued), conflict)
+                            for job_id, prev, requeued, conflict, _ in cur.fetchall()
+                        ]
+                        revived = revive_dependents(
+                            conn, [r.job_id for r in rows if r.requeued] if cascade else [], params.reason
+                        )
                 except errors.UniqueViolation:
                     continue
-                return [
-                    RequeueRow(job_id, JobStatus(prev), bool(requeued), conflict)
-                    for job_id, prev, requeued, conflict, _ in cur.fetchall()
-                ]
+                if revived:
+                    rows[0] = replace(rows[0], revived=tuple(revived))
+                return rows
         raise UniqueKeyContention("a bulk requeue batch kept meeting unique keys taken meanwhile; try again")

@@ -52,7 +52,7 @@ import psycopg
 from psycopg_pool import PoolTimeout
 from pydantic import ValidationError
 
-from taskq import cli_lifecycle, cli_output, cli_prune, cli_schedules, cli_tokens, cli_web, sql
+from taskq import cli_dependencies, cli_lifecycle, cli_output, cli_prune, cli_schedules, cli_tokens, cli_web, sql
 from taskq.actors.declaration import default_registry
 from taskq.checks import check_reason
 from taskq.cli_args import int_arg, job_id_arg, seconds_arg, when_arg
@@ -63,6 +63,7 @@ from taskq.exceptions import (
     ActorDefinitionError,
     ConfigurationError,
     DatabaseUnavailable,
+    DependencyNotFound,
     EmbeddedUnavailable,
     PayloadInvalid,
     ScheduleNotFound,
@@ -187,7 +188,8 @@ FILTER_ARGS = (
     arg("--queue", action="append", metavar="QUEUE", help="jobs in this queue (repeat: any of them)"),
     arg("--status", action="append", choices=STATUS_CHOICES, metavar="STATUS",
         help=f"jobs in this status (repeat: any of them); one of {', '.join(STATUS_CHOICES)}"),
-    arg("--unfinished", action="store_true", help="only pending, scheduled and running jobs"),
+    arg("--unfinished", action="store_true",
+        help="only unfinished jobs (pending, scheduled, awaiting_parents, running)"),
 )
 
 
@@ -274,9 +276,12 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     prepare_insert(
         args.actor, payload, registry=default_registry, max_payload_bytes=DEFAULT_MAX_PAYLOAD_BYTES, **options
     )
+    options |= cli_dependencies.enqueue_options(args)
 
     async def body(client: JobsClient) -> int:
         handle = await client.enqueue(args.actor, payload, **options)
+        if handle.row is None:  # a job with parents: the server decided its status
+            await handle.refresh()
         assert handle.row is not None
         if args.json:
             emit(cli_output.to_json({**handle.row.model_dump(mode="json"), "created": handle.created}))
@@ -339,10 +344,12 @@ def cmd_job(args: argparse.Namespace) -> int:
             raise NotFound(f"no job with id {job_id}")
         events = await client.events(job_id)
         attempts = await client.attempts(job_id)
+        edges = await cli_dependencies.read(client, job_id)
         if args.json:
-            emit(cli_output.to_json({"job": handle.row, "events": events, "attempts": attempts}))
+            emit(cli_output.to_json({"job": handle.row, "events": events, "attempts": attempts,
+                                     "dependencies": cli_dependencies.to_plain(edges)}))
         else:
-            emit(cli_output.job_detail(handle.row, events, attempts))
+            emit(cli_output.job_detail(handle.row, events, attempts) + "\n\n" + cli_dependencies.section(edges))
         return ExitCode.OK
 
     return with_client(args, body)
@@ -430,6 +437,7 @@ COMMANDS: tuple[Command, ...] = (
             arg("--unique-scope", choices=list(UNIQUE_SCOPES), default="active",
                 help="how long a job holds its key: 'active' (default) while pending, scheduled or running; "
                 "'retained' for as long as its row is kept"),
+            *cli_dependencies.enqueue_args(arg, job_id_arg),
             JSON_ARG,
         ),
     ),
@@ -456,7 +464,7 @@ COMMANDS: tuple[Command, ...] = (
         ),
     ),
     Command(
-        "job", cmd_job, "show one job: its row, events timeline and attempts",
+        "job", cmd_job, "show one job: its row, events timeline, attempts, parents and children",
         (arg("job_id", type=job_id_arg, metavar="ID"), JSON_ARG),
     ),
     *cli_schedules.commands(),
@@ -537,7 +545,7 @@ def classify(exc: BaseException) -> tuple[ExitCode, str]:
         return ExitCode.DATABASE_UNAVAILABLE, str(exc)
     if isinstance(exc, TokenExists):
         return ExitCode.CONFLICT, str(exc)
-    if isinstance(exc, ScheduleNotFound | TokenNotFound):
+    if isinstance(exc, ScheduleNotFound | TokenNotFound | DependencyNotFound):
         return ExitCode.NOT_FOUND, str(exc)
     if isinstance(exc, SchemaNotReady | SchemaTooNew):
         return ExitCode.SCHEMA, str(exc)

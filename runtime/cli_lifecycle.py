@@ -34,7 +34,7 @@ def cmd_requeue(args: argparse.Namespace) -> int:
     async def body(client: JobsClient) -> int:
         if job_id is not None:
             try:
-                result = await client.requeue(job_id, reason=reason, attempts=args.attempts)
+                result = await client.requeue(job_id, reason=reason, attempts=args.attempts, cascade=args.cascade)
             except KeyError:
                 raise NotFound(f"no job with id {job_id}") from None
             emit(cli_output.to_json(result) if args.json else cli_output.requeue_summary(result))
@@ -42,7 +42,8 @@ def cmd_requeue(args: argparse.Namespace) -> int:
         assert flt is not None
         line = ProgressLine("requeue", enabled=not args.json)
         try:
-            bulk = await client.requeue_where(flt, reason=reason, attempts=args.attempts, progress=line.update)
+            bulk = await client.requeue_where(flt, reason=reason, attempts=args.attempts, progress=line.update,
+                                              cascade=args.cascade)
         finally:
             line.finish()
         emit(cli_output.to_json(bulk) if args.json else cli_output.bulk_requeue_summary(bulk))
@@ -64,6 +65,9 @@ def commands() -> tuple[Command, ...]:
                 arg("--attempts", type=int_arg(1, MAX_REQUEUE_ATTEMPTS), metavar="N",
                     help="attempts the rerun may use (default: the job's own max_attempts; a client that "
                     "registers the actor uses the actor's)"),
+                arg("--cascade", action="store_true",
+                    help="also bring back the jobs the dependency cascade cancelled because of it "
+                    "(ParentFailed): they wait for it again"),
                 *FILTER_ARGS,
                 JSON_ARG,
             ),

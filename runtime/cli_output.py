@@ -221,7 +221,8 @@ def requeue_summary(result: RequeueResult) -> str:
         f"requeued={str(result.requeued).lower()}"
     )
     if result.requeued:
-        return f"{head}: back in the queue, due now"
+        revived = f"; {len(result.revived)} dependent job(s) wait for it again" if result.revived else ""
+        return f"{head}: back in the queue, due now{revived}"
     if result.conflict_job_id is not None:
         return f"{head}: its unique key is held by job {result.conflict_job_id}; nothing changed"
     return f"{head}: only failed, crashed or abandoned jobs can be requeued; nothing changed"

@@ -18,12 +18,12 @@ from pydantic import ConfigDict, TypeAdapter
 from pydantic_core import SchemaValidator, core_schema, from_json
 from typing_extensions import TypeVar
 
-from taskq import operations, schedule_admin, tracing
+from taskq import operations, schedule_admin, tracing, workflows
 from taskq.actors.declaration import Actor, ActorRegistry, default_registry
 from taskq.backend import Backend, JobBatch, JobInsert, JobOptions, transaction_pooler_from_env, uuid7, uuid7_many
 from taskq.checks import as_job_id, check_text
 from taskq.dsn import resolve_dsn
-from taskq.exceptions import ConfigurationError, JobFailed, PayloadInvalid, PayloadTooLarge
+from taskq.exceptions import ConfigurationError, DependencyInvalid, JobFailed, PayloadInvalid, PayloadTooLarge
 from taskq.models import (
     FAILURE_STATUSES,
     BulkCancelResult,
@@ -388,6 +388,8 @@ class JobsClient:
         connection: AsyncConnection[Any] | None = None,
         unique_key: str | bool | None = None,
         unique_scope: str = "active",
+        depends_on: Iterable[workflows.ParentRef] | None = None,
+        dependency_mode: str = "on_success",
     ) -> JobHandle[R]:
         """Validate then write one job. With `connection`, the insert joins that connection's open
         transaction (commit or roll back with your own data); otherwise it commits at once.
@@ -395,7 +397,14 @@ class JobsClient:
         `unique_key` (a string, or True to derive it from the actor, queue and payload): when another job
         holds the key, nothing is written and the handle is that job's, with `created` False. Scope
         'active' (default) holds the key while the job is pending, scheduled or running; 'retained'
-        for as long as its row is kept, whatever its status."""
+        for as long as its row is kept, whatever its status.
+
+        `depends_on` (handles or ids of existing jobs, at most workflows.MAX_PARENTS): the job waits in
+        awaiting_parents until they are terminal (docs/workflows.md). `dependency_mode` 'on_success' cancels
+        it (ParentFailed) when a parent ends other than succeeded; 'on_any_terminal' runs it anyway."""
+        parents, mode = workflows.check_dependencies(depends_on, dependency_mode)
+        if parents and unique_key is not None:
+            raise DependencyInvalid("unique_key cannot be combined with depends_on")
         job = self._prepare(
             target, payload, queue=queue, priority=priority, tags=tags, scheduled_at=scheduled_at,
             max_attempts=max_attempts, schedule_to_close=schedule_to_close, unique_key=unique_key,
@@ -404,6 +413,9 @@ class JobsClient:
         with tracing.producer(job.options.queue, job.options.actor, job.id) as trace_context:
             if trace_context is not None:
                 job = replace(job, options=replace(job.options, trace_context=trace_context))
+            if parents:
+                await workflows.enqueue_dependent(self.backend, job, parents, mode, conn=connection)
+                return JobHandle(job.id, client=self, result_adapter=self._adapter(target))
             inserted = await self.backend.job_insert_deferred(job, conn=connection)
         if inserted.holder is not None:
             return JobHandle(inserted.holder.id, client=self, row=inserted.holder, created=False,
@@ -425,6 +437,8 @@ class JobsClient:
         chunk_size: int = 5000,
         unique_key: str | bool | Sequence[str | None] | None = None,
         unique_scope: str = "active",
+        depends_on: Iterable[workflows.ParentRef] | None = None,
+        dependency_mode: str = "on_success",
     ) -> list[JobHandle[R]]:
         """Validate every payload first, then write them all in one transaction (statements of at most
         `chunk_size` rows). One invalid payload writes nothing.
@@ -432,7 +446,12 @@ class JobsClient:
         `unique_key`: True derives each job's key from its payload; a sequence gives one key (or None)
         per payload; a string is one key for all (so at most one job is written). Each handle reports
         `created` for its own item; a skipped item's handle is the holder's (a job of this same call
-        when two items share a key: the first one wins)."""
+        when two items share a key: the first one wins).
+
+        `depends_on`: every job waits on the same parents (a fan-out), as in `enqueue`."""
+        parents, mode = workflows.check_dependencies(depends_on, dependency_mode)
+        if parents and unique_key is not None:
+            raise DependencyInvalid("unique_key cannot be combined with depends_on")
         actor, opts = _check_options(
             target, self.registry, queue=queue, priority=priority, tags=tags, scheduled_at=scheduled_at,
             max_attempts=max_attempts, schedule_to_close=schedule_to_close,
@@ -462,7 +481,9 @@ class JobsClient:
                          unique_scope=None if keys is None else unique_scope)
                 for i in range(0, len(encoded), chunk_size)
             ]
-            if connection is not None:
+            if parents:
+                await workflows.enqueue_many_dependent(self.backend, batches, parents, mode, conn=connection)
+            elif connection is not None:
                 for start, batch in zip(range(0, len(encoded), chunk_size), batches, strict=True):
                     skipped |= _offset(start, await self.backend.job_insert_many(batch, conn=connection))
             elif len(batches) == 1:
@@ -515,14 +536,16 @@ class JobsClient:
         return await operations.cancel_jobs_where(self.backend, flt, reason, batch_size=batch_size)
 
     async def requeue(
-        self, job_id: UUID | str, *, reason: str | None = None, attempts: int | None = None
+        self, job_id: UUID | str, *, reason: str | None = None, attempts: int | None = None, cascade: bool = False
     ) -> RequeueResult:
         """Put a failed, crashed or abandoned job back to pending with `attempts` more attempts (default:
         its actor's max_attempts if registered here, else the job's own). attempt and claim_epoch are never
         lowered. Other statuses: nothing changes, `requeued` False. A unique key held by another job:
-        nothing changes, `conflict_job_id` names it. KeyError if the job does not exist."""
+        nothing changes, `conflict_job_id` names it. KeyError if the job does not exist. `cascade`: the
+        jobs the dependency cascade cancelled because of it (ParentFailed) wait for it again
+        (`revived` lists them)."""
         return await operations.requeue_job(
-            self.backend, job_id, reason=reason, attempts=attempts, registry=self.registry
+            self.backend, job_id, reason=reason, attempts=attempts, registry=self.registry, cascade=cascade
         )
 
     async def requeue_where(
@@ -533,13 +556,26 @@ class JobsClient:
         attempts: int | None = None,
         batch_size: int = 1000,
         progress: operations.Progress | None = None,
+        cascade: bool = False,
     ) -> BulkRequeueResult:
         """`requeue` every matching failed, crashed or abandoned job, in committed batches; counts by
         previous status, and the jobs left alone because their unique key is held (`conflicts`)."""
         return await operations.requeue_jobs_where(
             self.backend, flt, reason=reason, attempts=attempts, registry=self.registry,
-            batch_size=batch_size, progress=progress,
+            batch_size=batch_size, progress=progress, cascade=cascade,
         )
+
+    # -- dependencies (taskq.workflows) -----------------------------------------------------------
+
+    def workflow(self, *, connection: AsyncConnection[Any] | None = None) -> workflows.Workflow:
+        """A graph builder: `async with client.workflow() as wf: a = wf.enqueue(...); b = wf.enqueue(...,
+        depends_on=[a])`; written in one transaction (with `connection`, in that one) at the end of the
+        block, nothing if it raises."""
+        return workflows.Workflow(self, connection=connection)
+
+    async def dependencies(self, job_id: UUID | str) -> list[workflows.DependencyEdge]:
+        """The job's parents (their status now, and how each ended when its edge resolved) and children."""
+        return await workflows.job_dependencies(self.backend, job_id)
 
     # -- schedules (taskq.schedule_admin) ---------------------------------------------------------
 

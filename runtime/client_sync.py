@@ -18,7 +18,7 @@ from uuid import UUID
 from psycopg import Connection
 from pydantic import TypeAdapter
 
-from taskq import operations, operations_sync, schedule_admin_sync, tracing
+from taskq import operations, operations_sync, schedule_admin_sync, tracing, workflows, workflows_sync
 from taskq.actors.declaration import Actor, ActorRegistry, default_registry
 from taskq.backend import JobBatch, JobInsert, transaction_pooler_from_env, uuid7_many
 from taskq.backend_sync import SyncBackend
@@ -33,7 +33,7 @@ from taskq.client import (
     prepare_insert,
 )
 from taskq.dsn import resolve_dsn
-from taskq.exceptions import ConfigurationError, JobFailed
+from taskq.exceptions import ConfigurationError, DependencyInvalid, JobFailed
 from taskq.models import (
     FAILURE_STATUSES,
     BulkCancelResult,
@@ -210,6 +210,8 @@ class SyncJobsClient:
         connection: Connection[Any] | None = None,
         unique_key: str | bool | None = None,
         unique_scope: str = "active",
+        depends_on: Iterable[workflows.ParentRef] | None = None,
+        dependency_mode: str = "on_success",
     ) -> SyncJobHandle[R]:
         """Validate then write one job. With `connection`, the insert joins that connection's open
         transaction (commit or roll back with your own data); otherwise it commits at once.
@@ -217,7 +219,14 @@ class SyncJobsClient:
         `unique_key` (a string, or True to derive it from the actor, queue and payload): when another job
         holds the key, nothing is written and the handle is that job's, with `created` False. Scope
         'active' (default) holds the key while the job is pending, scheduled or running; 'retained'
-        for as long as its row is kept, whatever its status."""
+        for as long as its row is kept, whatever its status.
+
+        `depends_on` (handles or ids of existing jobs, at most workflows.MAX_PARENTS): the job waits in
+        awaiting_parents until they are terminal (docs/workflows.md). `dependency_mode` 'on_success' cancels
+        it (ParentFailed) when a parent ends other than succeeded; 'on_any_terminal' runs it anyway."""
+        parents, mode = workflows.check_dependencies(depends_on, dependency_mode)
+        if parents and unique_key is not None:
+            raise DependencyInvalid("unique_key cannot be combined with depends_on")
         job = self._prepare(
             target,
             payload,
@@ -233,6 +242,9 @@ class SyncJobsClient:
         with tracing.producer(job.options.queue, job.options.actor, job.id) as trace_context:
             if trace_context is not None:
                 job = replace(job, options=replace(job.options, trace_context=trace_context))
+            if parents:
+                workflows_sync.enqueue_dependent(self.backend, job, parents, mode, conn=connection)
+                return SyncJobHandle(job.id, client=self, result_adapter=self._adapter(target))
             inserted = self.backend.job_insert_deferred(job, conn=connection)
         if inserted.holder is not None:
             return SyncJobHandle(
@@ -259,6 +271,8 @@ class SyncJobsClient:
         chunk_size: int = 5000,
         unique_key: str | bool | Sequence[str | None] | None = None,
         unique_scope: str = "active",
+        depends_on: Iterable[workflows.ParentRef] | None = None,
+        dependency_mode: str = "on_success",
     ) -> list[SyncJobHandle[R]]:
         """Validate every payload first, then write them all in one transaction (statements of at most
         `chunk_size` rows). One invalid payload writes nothing.
@@ -266,7 +280,12 @@ class SyncJobsClient:
         `unique_key`: True derives each job's key from its payload; a sequence gives one key (or None)
         per payload; a string is one key for all (so at most one job is written). Each handle reports
         `created` for its own item; a skipped item's handle is the holder's (a job of this same call
-        when two items share a key: the first one wins)."""
+        when two items share a key: the first one wins).
+
+        `depends_on`: every job waits on the same parents (a fan-out), as in `enqueue`."""
+        parents, mode = workflows.check_dependencies(depends_on, dependency_mode)
+        if parents and unique_key is not None:
+            raise DependencyInvalid("unique_key cannot be combined with depends_on")
         actor, opts = _check_options(
             target,
             self.registry,
@@ -308,7 +327,9 @@ class SyncJobsClient:
                 )
                 for i in range(0, len(encoded), chunk_size)
             ]
-            if connection is not None:
+            if parents:
+                workflows_sync.enqueue_many_dependent(self.backend, batches, parents, mode, conn=connection)
+            elif connection is not None:
                 for start, batch in zip(range(0, len(encoded), chunk_size), batches, strict=True):
                     skipped |= _offset(start, self.backend.job_insert_many(batch, conn=connection))
             elif len(batches) == 1:
@@ -359,13 +380,17 @@ class SyncJobsClient:
         is refused: say `JobFilter(unfinished=True)` to mean every job."""
         return operations_sync.cancel_jobs_where(self.backend, flt, reason, batch_size=batch_size)
 
-    def requeue(self, job_id: UUID | str, *, reason: str | None = None, attempts: int | None = None) -> RequeueResult:
+    def requeue(
+        self, job_id: UUID | str, *, reason: str | None = None, attempts: int | None = None, cascade: bool = False
+    ) -> RequeueResult:
         """Put a failed, crashed or abandoned job back to pending with `attempts` more attempts (default:
         its actor's max_attempts if registered here, else the job's own). attempt and claim_epoch are never
         lowered. Other statuses: nothing changes, `requeued` False. A unique key held by another job:
-        nothing changes, `conflict_job_id` names it. KeyError if the job does not exist."""
+        nothing changes, `conflict_job_id` names it. KeyError if the job does not exist. `cascade`: the
+        jobs the dependency cascade cancelled because of it (ParentFailed) wait for it again
+        (`revived` lists them)."""
         return operations_sync.requeue_job(
-            self.backend, job_id, reason=reason, attempts=attempts, registry=self.registry
+            self.backend, job_id, reason=reason, attempts=attempts, registry=self.registry, cascade=cascade
         )
 
     def requeue_where(
@@ -376,6 +401,7 @@ class SyncJobsClient:
         attempts: int | None = None,
         batch_size: int = 1000,
         progress: operations.Progress | None = None,
+        cascade: bool = False,
     ) -> BulkRequeueResult:
         """`requeue` every matching failed, crashed or abandoned job, in committed batches; counts by
         previous status, and the jobs left alone because their unique key is held (`conflicts`)."""
@@ -387,7 +413,18 @@ class SyncJobsClient:
             registry=self.registry,
             batch_size=batch_size,
             progress=progress,
+            cascade=cascade,
         )
+
+    def workflow(self, *, connection: Connection[Any] | None = None) -> workflows_sync.Workflow:
+        """A graph builder: `with client.workflow() as wf: a = wf.enqueue(...); b = wf.enqueue(...,
+        depends_on=[a])`; written in one transaction (with `connection`, in that one) at the end of the
+        block, nothing if it raises."""
+        return workflows_sync.Workflow(self, connection=connection)
+
+    def dependencies(self, job_id: UUID | str) -> list[workflows.DependencyEdge]:
+        """The job's parents (their status now, and how each ended when its edge resolved) and children."""
+        return workflows_sync.job_dependencies(self.backend, job_id)
 
     def list_schedules(self) -> list[ScheduleInfo]:
         return schedule_admin_sync.list_schedules(self.backend)

@@ -29,6 +29,8 @@ class ContextRuntime(Protocol):
         self, ctx: JobContext[Any], target: Actor[Any, Any] | str, payload: Any, options: dict[str, Any]
     ) -> JobHandle[Any]: ...
 
+    async def parent_results(self, ctx: JobContext[Any]) -> dict[UUID, Any]: ...
+
 
 class ChildJobs:
     """`ctx.jobs`: enqueue jobs whose parent_id is this job. Their handles have no client (spec §2)."""
@@ -49,13 +51,16 @@ class ChildJobs:
         schedule_to_close: float | timedelta | None = None,
         unique_key: str | bool | None = None,
         unique_scope: str = "active",
+        depends_on: Iterable[Any] | None = None,
+        dependency_mode: str = "on_success",
     ) -> JobHandle[Any]:
         """As `JobsClient.enqueue`; with a unique key held by another job, returns that job's handle
-        with `created` False."""
+        with `created` False. `depends_on` (handles or ids) and `dependency_mode` as for the client."""
         options = {
             "queue": queue, "priority": priority, "tags": tuple(tags), "scheduled_at": scheduled_at,
             "max_attempts": max_attempts, "schedule_to_close": schedule_to_close,
             "unique_key": unique_key, "unique_scope": unique_scope,
+            "depends_on": depends_on, "dependency_mode": dependency_mode,
         }
         return await self._ctx._runtime.enqueue_child(self._ctx, target, payload, options)
 
@@ -135,6 +140,18 @@ class JobContext(Generic[P]):
         """Persist a progress checkpoint (JSON-able `data` and/or a message) on the job row."""
         await self._runtime.save_progress(self, data, message)
 
+    async def parent_results(self) -> dict[UUID, Any]:
+        """{parent id: result} for every job this one was enqueued to depend on (`depends_on`): a succeeded
+        parent's result, typed by its actor's result type when the actor is registered in this worker
+        (the stored JSON value otherwise); None for a parent that ended otherwise (mode on_any_terminal).
+        Empty for a job without parents."""
+        return await self._runtime.parent_results(self)
+
+    def parent_results_sync(self) -> dict[UUID, Any]:
+        """`parent_results()` for thread actors: marshalled onto the worker's event loop and awaited."""
+        results: dict[UUID, Any] = self._call_on_loop(self.parent_results())
+        return results
+
     def progress_sync(self, data: Any = None, *, message: str | None = None) -> None:
         """`progress()` for thread actors: marshalled onto the worker's event loop and awaited."""
         self._call_on_loop(self.progress(data, message=message))
@@ -146,5 +163,7 @@ class JobContext(Generic[P]):
             running = None
         if running is self._loop:
             coro.close()
-            raise RuntimeError("use the async form (await ctx.progress / ctx.jobs.enqueue) on the event loop")
+            raise RuntimeError(
+                "use the async form (await ctx.progress / ctx.jobs.enqueue / ctx.parent_results) on the event loop"
+            )
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()

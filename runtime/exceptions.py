@@ -146,3 +146,20 @@ class TokenNotFound(TaskqError, KeyError):
 
 class TokenExists(TaskqError):
     """`taskq tokens create NAME` of a name already taken (revoked tokens keep their name)."""
+
+
+class DependencyInvalid(ConfigurationError):
+    """`depends_on` or `dependency_mode` is invalid: an unknown mode, more parents than the limit
+    (taskq.workflows.MAX_PARENTS), a parent that is a later job of the same graph (a cycle), or a parent
+    that does not exist. Raised at enqueue; nothing was written."""
+
+
+class DependencyNotFound(DependencyInvalid, KeyError):
+    """A job named in `depends_on` does not exist (`missing` lists them); nothing was written."""
+
+    def __init__(self, message: str, missing: tuple[object, ...] = ()) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""

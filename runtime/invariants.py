@@ -29,6 +29,9 @@ INVARIANTS: dict[str, str] = {
     "inv_unique_key_single_holder": "at most one non-terminal (or retained) job per unique key",
     "inv_snoozes_counted": "every snooze counted on the row, in the timeline and in the attempts",
     "inv_claims_monotonic": "attempt and claim_epoch rise with every claim (through snoozes and requeues)",
+    "inv_awaiting_parents_settled": "no awaiting_parents job whose parents are all terminal",
+    "inv_parent_failed_has_failed_parent": "a ParentFailed job has a parent that ended other than succeeded",
+    "inv_parents_remaining_matches_edges": "a waiting job's remaining-parents count agrees with its edges",
 }
 
 

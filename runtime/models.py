@@ -14,6 +14,8 @@ class JobStatus(enum.StrEnum):
     PENDING = "pending"
     SCHEDULED = "scheduled"
     RUNNING = "running"
+    AWAITING_PARENTS = "awaiting_parents"
+    """Waiting for its parents (enqueued with depends_on); never claimed until they settle."""
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -110,6 +112,12 @@ class JobRow(BaseModel):
     trace_context: dict[str, str] | None = None
     """The W3C trace context (traceparent, tracestate) the job was enqueued in, when OpenTelemetry traced
     the enqueue (taskq.contrib.otel)."""
+    has_dependents: bool = False
+    """Some job was enqueued with this one in its depends_on."""
+    parents_remaining: int = 0
+    """While awaiting_parents: the parents not yet terminal."""
+    dependency_mode: str | None = None
+    """'on_success' or 'on_any_terminal' for a job enqueued with depends_on; None otherwise."""
 
     @property
     def is_terminal(self) -> bool:
@@ -197,6 +205,8 @@ class RequeueResult(BaseModel):
     new_status: JobStatus
     requeued: bool
     conflict_job_id: UUID | None = None
+    revived: tuple[UUID, ...] = ()
+    """With cascade=True: the dependents brought back to awaiting_parents."""
 
 
 class BulkRequeueResult(BaseModel):
@@ -210,6 +220,8 @@ class BulkRequeueResult(BaseModel):
     conflicts: dict[UUID, UUID] = {}
     """Job left unchanged -> the job that holds its unique key."""
     batches: int
+    revived: tuple[UUID, ...] = ()
+    """With cascade=True: the dependents brought back to awaiting_parents."""
 
     @property
     def total(self) -> int:
@@ -253,7 +265,7 @@ NonEmptyStr = Annotated[str, StringConstraints(min_length=1, max_length=255)]
 
 class JobFilter(BaseModel):
     """Selects jobs: every given criterion must hold. `tags` means all of them; `unfinished` limits to
-    pending, scheduled and running. An empty filter matches everything, so bulk cancels refuse it."""
+    pending, scheduled, awaiting_parents and running. An empty filter matches everything, so bulk cancels refuse it."""
 
     model_config = _frozen
 

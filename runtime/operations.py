@@ -103,14 +103,17 @@ async def requeue_job(
     reason: str | None = None,
     attempts: int | None = None,
     registry: ActorRegistry,
+    cascade: bool = False,
 ) -> RequeueResult:
     """Put a failed, crashed or abandoned job back to pending, due now, with `attempts` more attempts.
     `attempt` and `claim_epoch` are kept (never lowered), so no earlier attempt can write over the rerun.
     From any other status nothing changes (`requeued` False). If another job holds the job's unique key,
-    nothing changes and `conflict_job_id` names it. KeyError if the job does not exist."""
+    nothing changes and `conflict_job_id` names it. KeyError if the job does not exist. `cascade`: in the
+    same transaction, the jobs the dependency cascade cancelled because of it (ParentFailed, and theirs
+    down the graph) go back to awaiting_parents (`revived`)."""
     jid = as_job_id(job_id)
     params = requeue_params(reason, attempts, registry)
-    done = await backend.job_requeue(jid, params)
+    done = await backend.job_requeue(jid, params, cascade=_check_cascade(cascade))
     if done is None:
         raise KeyError(jid)
     return RequeueResult(
@@ -119,6 +122,7 @@ async def requeue_job(
         new_status=JobStatus.PENDING if done.requeued else done.previous_status,
         requeued=done.requeued,
         conflict_job_id=done.conflict_job_id,
+        revived=done.revived,
     )
 
 
@@ -131,6 +135,7 @@ async def requeue_jobs_where(
     registry: ActorRegistry,
     batch_size: int = 1000,
     progress: Progress | None = None,
+    cascade: bool = False,
 ) -> BulkRequeueResult:
     """`requeue_job` for every matching failed, crashed or abandoned job, in committed batches of
     `batch_size` in id order. Jobs whose unique key another job holds are left as they are and listed
@@ -139,15 +144,18 @@ async def requeue_jobs_where(
     check_filter(flt, "requeue", "name what to requeue, e.g. JobFilter(statuses=('failed',))")
     check_batch_size(batch_size)
     params = requeue_params(reason, attempts, registry)
+    _check_cascade(cascade)
+    revived: list[UUID] = []
     counts: dict[JobStatus, int] = {}
     ids: list[UUID] = []
     conflicts: dict[UUID, UUID] = {}
     batches = 0
     after: UUID | None = None
     while True:
-        rows = await backend.job_requeue_where_batch(flt, params, after=after, limit=batch_size)
+        rows = await backend.job_requeue_where_batch(flt, params, after=after, limit=batch_size, cascade=cascade)
         if not rows:
             break
+        revived += rows[0].revived
         batches += 1
         after = rows[-1].job_id
         for row in rows:
@@ -160,4 +168,11 @@ async def requeue_jobs_where(
             progress(len(ids) + len(conflicts))
         if len(rows) < batch_size:
             break
-    return BulkRequeueResult(by_previous_status=counts, job_ids=tuple(ids), conflicts=conflicts, batches=batches)
+    return BulkRequeueResult(by_previous_status=counts, job_ids=tuple(ids), conflicts=conflicts, batches=batches,
+                             revived=tuple(revived))
+
+
+def _check_cascade(cascade: bool) -> bool:
+    if not isinstance(cascade, bool):
+        raise ConfigurationError(f"cascade must be True or False, got {cascade!r}")
+    return cascade

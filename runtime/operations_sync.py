@@ -19,7 +19,13 @@ from taskq.backend_sync import SyncBackend
 from taskq.checks import as_job_id, check_reason
 from taskq.metrics import cancellation_requested
 from taskq.models import BulkCancelResult, BulkRequeueResult, CancelResult, JobFilter, JobStatus, RequeueResult
-from taskq.operations import Progress, check_batch_size, check_filter, requeue_params
+from taskq.operations import (
+    Progress,
+    _check_cascade,
+    check_batch_size,
+    check_filter,
+    requeue_params,
+)
 
 
 def cancel_job(backend: SyncBackend, job_id: UUID | str, reason: str | None = None) -> CancelResult:
@@ -56,14 +62,17 @@ def requeue_job(
     reason: str | None = None,
     attempts: int | None = None,
     registry: ActorRegistry,
+    cascade: bool = False,
 ) -> RequeueResult:
     """Put a failed, crashed or abandoned job back to pending, due now, with `attempts` more attempts.
     `attempt` and `claim_epoch` are kept (never lowered), so no earlier attempt can write over the rerun.
     From any other status nothing changes (`requeued` False). If another job holds the job's unique key,
-    nothing changes and `conflict_job_id` names it. KeyError if the job does not exist."""
+    nothing changes and `conflict_job_id` names it. KeyError if the job does not exist. `cascade`: in the
+    same transaction, the jobs the dependency cascade cancelled because of it (ParentFailed, and theirs
+    down the graph) go back to awaiting_parents (`revived`)."""
     jid = as_job_id(job_id)
     params = requeue_params(reason, attempts, registry)
-    done = backend.job_requeue(jid, params)
+    done = backend.job_requeue(jid, params, cascade=_check_cascade(cascade))
     if done is None:
         raise KeyError(jid)
     return RequeueResult(
@@ -72,6 +81,7 @@ def requeue_job(
         new_status=JobStatus.PENDING if done.requeued else done.previous_status,
         requeued=done.requeued,
         conflict_job_id=done.conflict_job_id,
+        revived=done.revived,
     )
 
 
@@ -84,6 +94,7 @@ def requeue_jobs_where(
     registry: ActorRegistry,
     batch_size: int = 1000,
     progress: Progress | None = None,
+    cascade: bool = False,
 ) -> BulkRequeueResult:
     """`requeue_job` for every matching failed, crashed or abandoned job, in committed batches of
     `batch_size` in id order. Jobs whose unique key another job holds are left as they are and listed
@@ -92,15 +103,18 @@ def requeue_jobs_where(
     check_filter(flt, "requeue", "name what to requeue, e.g. JobFilter(statuses=('failed',))")
     check_batch_size(batch_size)
     params = requeue_params(reason, attempts, registry)
+    _check_cascade(cascade)
+    revived: list[UUID] = []
     counts: dict[JobStatus, int] = {}
     ids: list[UUID] = []
     conflicts: dict[UUID, UUID] = {}
     batches = 0
     after: UUID | None = None
     while True:
-        rows = backend.job_requeue_where_batch(flt, params, after=after, limit=batch_size)
+        rows = backend.job_requeue_where_batch(flt, params, after=after, limit=batch_size, cascade=cascade)
         if not rows:
             break
+        revived += rows[0].revived
         batches += 1
         after = rows[-1].job_id
         for row in rows:
@@ -113,4 +127,6 @@ def requeue_jobs_where(
             progress(len(ids) + len(conflicts))
         if len(rows) < batch_size:
             break
-    return BulkRequeueResult(by_previous_status=counts, job_ids=tuple(ids), conflicts=conflicts, batches=batches)
+    return BulkRequeueResult(
+        by_previous_status=counts, job_ids=tuple(ids), conflicts=conflicts, batches=batches, revived=tuple(revived)
+    )

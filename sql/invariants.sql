@@ -87,7 +87,9 @@ SELECT job_id, detail FROM broken
 UNION ALL
 SELECT j.id, format('row is %%s but its last state change ends at %%s', j.status, coalesce(l.to_status, 'nothing'))
 FROM taskq.jobs AS j LEFT JOIN last_change AS l ON l.job_id = j.id
-WHERE (j.status NOT IN ('pending', 'scheduled') OR j.attempt > 0) AND l.to_status IS DISTINCT FROM j.status;
+-- (a job still waiting for its parents, like one still pending, may have no state change yet)
+WHERE (j.status NOT IN ('pending', 'scheduled', 'awaiting_parents') OR j.attempt > 0)
+  AND l.to_status IS DISTINCT FROM j.status;
 
 -- name: inv_one_job_per_slot
 -- At most one job per schedule slot (operator triggers are outside the slot sequence: no unique key).
@@ -123,9 +125,10 @@ LEFT JOIN LATERAL (
 ) AS bad ON true
 WHERE e.kind = 'requeued'
   AND (e.attempt > j.attempt OR (e.detail ->> 'claim_epoch')::bigint > j.claim_epoch OR bad.claim_epoch IS NOT NULL
-       OR NOT EXISTS (SELECT 1 FROM taskq.job_attempts AS a
+       -- (a child the dependency cascade cancelled before it ever ran is requeued at attempt 0)
+       OR (e.attempt > 0 AND NOT EXISTS (SELECT 1 FROM taskq.job_attempts AS a
                       WHERE a.job_id = e.job_id AND a.claim_epoch = (e.detail ->> 'claim_epoch')::bigint
-                        AND a.attempt = e.attempt));
+                        AND a.attempt = e.attempt)));
 
 -- name: inv_unique_key_single_holder
 -- At most one non-terminal job per unique key, and a retained row shares its key with no other live
@@ -165,6 +168,48 @@ SELECT job_id, format('claim event %%s: attempt %%s epoch %%s after attempt %%s 
                       prev_attempt, prev_epoch) AS detail
 FROM claims
 WHERE attempt <= prev_attempt OR epoch <= prev_epoch;
+
+-- name: inv_awaiting_parents_settled
+-- No job waits for parents that are all terminal (or gone): the cascade runs in the parents' own terminal
+-- transactions, so no lag is allowed.
+SELECT j.id AS job_id,
+       format('awaiting_parents (remaining %%s) but its %%s parent(s) are terminal', j.parents_remaining,
+              count(d.parent_id)) AS detail
+FROM taskq.jobs AS j
+LEFT JOIN taskq.job_dependencies AS d ON d.child_id = j.id
+LEFT JOIN taskq.jobs AS p ON p.id = d.parent_id
+WHERE j.status = 'awaiting_parents'
+GROUP BY j.id, j.parents_remaining
+HAVING coalesce(bool_and(p.status IN ('succeeded', 'failed', 'cancelled', 'crashed', 'abandoned')
+                         OR p.id IS NULL), true);
+
+-- name: inv_parent_failed_has_failed_parent
+-- Every ParentFailed row has a parent that ended other than succeeded (as its edge recorded when it resolved).
+SELECT j.id AS job_id, format('%%s ParentFailed (%%s) without a parent that ended in failure', j.status,
+                              j.cancel_reason) AS detail
+FROM taskq.jobs AS j
+WHERE j.error_class = 'ParentFailed'
+  AND NOT EXISTS (SELECT 1 FROM taskq.job_dependencies AS d
+                  WHERE d.child_id = j.id AND d.parent_status IN ('failed', 'cancelled', 'crashed', 'abandoned')
+                    AND j.cancel_reason = 'parent-failure:' || d.parent_status);
+
+-- name: inv_parents_remaining_matches_edges
+-- A waiting job's remaining count is its number of unresolved edges, and every unresolved edge's parent
+-- is not terminal (an edge is resolved in the parent's terminal transaction).
+SELECT j.id AS job_id,
+       format('parents_remaining %%s, unresolved edges %%s, of them to terminal parents %%s', j.parents_remaining,
+              count(d.parent_id) FILTER (WHERE d.resolved_at IS NULL),
+              count(d.parent_id) FILTER (WHERE d.resolved_at IS NULL
+                                         AND p.status IN ('succeeded', 'failed', 'cancelled', 'crashed',
+                                                          'abandoned'))) AS detail
+FROM taskq.jobs AS j
+LEFT JOIN taskq.job_dependencies AS d ON d.child_id = j.id
+LEFT JOIN taskq.jobs AS p ON p.id = d.parent_id
+WHERE j.status = 'awaiting_parents'
+GROUP BY j.id, j.parents_remaining
+HAVING j.parents_remaining <> count(d.parent_id) FILTER (WHERE d.resolved_at IS NULL)
+    OR count(d.parent_id) FILTER (WHERE d.resolved_at IS NULL
+                                  AND p.status IN ('succeeded', 'failed', 'cancelled', 'crashed', 'abandoned')) > 0;
 
 -- name: inv_summary_status
 SELECT status, count(*) AS n FROM taskq.jobs GROUP BY status ORDER BY status;

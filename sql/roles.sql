@@ -19,7 +19,8 @@ BEGIN;
 -- start from nothing, so that a re-run after an upgrade leaves exactly the grants below
 REVOKE ALL ON ALL TABLES IN SCHEMA taskq FROM :"worker_role", :"client_role";
 REVOKE ALL ON SCHEMA taskq FROM :"worker_role", :"client_role";
-REVOKE ALL ON FUNCTION taskq.delete_terminal_jobs(uuid[]), taskq.delete_finished_attempts(uuid[], bigint[])
+REVOKE ALL ON FUNCTION taskq.delete_terminal_jobs(uuid[]), taskq.delete_finished_attempts(uuid[], bigint[]),
+    taskq.revive_dependents(uuid[], text)
     FROM :"worker_role", :"client_role";
 
 GRANT USAGE ON SCHEMA taskq TO :"worker_role", :"client_role";
@@ -32,15 +33,19 @@ GRANT USAGE ON SCHEMA taskq TO :"worker_role", :"client_role";
 GRANT SELECT ON taskq.jobs TO :"worker_role";
 GRANT INSERT (id, actor, queue, payload, status, priority, tags, max_attempts, scheduled_at,
               schedule_to_close, parent_id, unique_key, unique_scope, idempotent,
-              schedule, scheduled_for, trace_context)
+              schedule, scheduled_for, trace_context, parents_remaining, dependency_mode,
+              cancel_requested_at, cancel_reason, error_class, error_message, finished_at)
     ON taskq.jobs TO :"worker_role";
 -- max_attempts and snooze_count: a snooze gives its attempt back; idempotent: set before the first run of
 -- a non-idempotent actor enqueued by name
 GRANT UPDATE (status, attempt, claim_epoch, worker_id, lock_expires_at, started_at, finished_at,
               scheduled_at, cancel_phase, result, error_class, error_message, interrupt_count, progress,
-              max_attempts, snooze_count, idempotent, revision)
+              max_attempts, snooze_count, idempotent, revision, has_dependents)
     ON taskq.jobs TO :"worker_role";
 GRANT SELECT, INSERT ON taskq.job_events TO :"worker_role";
+-- child jobs with depends_on (ctx.jobs.enqueue): their edges; the cascade that resolves them runs as the
+-- owner (the jobs_settle_dependents trigger)
+GRANT SELECT, INSERT ON taskq.job_dependencies TO :"worker_role";
 GRANT SELECT, INSERT, UPDATE ON taskq.job_attempts TO :"worker_role";
 GRANT EXECUTE ON FUNCTION taskq.delete_terminal_jobs(uuid[]) TO :"worker_role";
 GRANT EXECUTE ON FUNCTION taskq.delete_finished_attempts(uuid[], bigint[]) TO :"worker_role";
@@ -59,13 +64,16 @@ GRANT SELECT, INSERT, UPDATE ON taskq.schedules TO :"worker_role";
 -- without lock_expires_at no row can be made running). It cannot claim a job, write a result, touch
 -- attempts or the worker registry, delete anything or change the schema.
 GRANT SELECT ON taskq.jobs TO :"client_role";
+-- (a job enqueued with depends_on on a parent already failed is written cancelled, ParentFailed, at once)
 GRANT INSERT (id, actor, queue, payload, status, priority, tags, max_attempts, scheduled_at,
               schedule_to_close, parent_id, unique_key, unique_scope, idempotent,
-              schedule, scheduled_for, trace_context)
+              schedule, scheduled_for, trace_context, parents_remaining, dependency_mode,
+              cancel_requested_at, cancel_reason, error_class, error_message, finished_at)
     ON taskq.jobs TO :"client_role";
+-- has_dependents: set on the parents (under their row lock) by the enqueue of a child
 GRANT UPDATE (status, cancel_phase, cancel_requested_at, cancel_reason, error_class, finished_at,
               scheduled_at, max_attempts, requeue_count, started_at, worker_id, error_message, schedule_to_close,
-              revision)
+              revision, has_dependents)
     ON taskq.jobs TO :"client_role";
 -- the web API and dashboard (`taskq web`, run as the client role; `taskq tokens` too): token checks and
 -- management, idempotency receipts, the audit log (appended to, never rewritten)
@@ -74,6 +82,10 @@ GRANT SELECT, INSERT, UPDATE (status, body), DELETE ON taskq.operator_requests T
 GRANT SELECT, INSERT ON taskq.operator_audit TO :"client_role";
 -- (the dashboard's workers page reads taskq.workers, which the client role may not: see docs/web.md)
 GRANT SELECT, INSERT ON taskq.job_events TO :"client_role";
+-- enqueue with depends_on writes the edges; requeue(cascade=True) revives cascaded children through an
+-- owner function
+GRANT SELECT, INSERT ON taskq.job_dependencies TO :"client_role";
+GRANT EXECUTE ON FUNCTION taskq.revive_dependents(uuid[], text) TO :"client_role";
 GRANT SELECT ON taskq.job_attempts TO :"client_role";
 GRANT SELECT ON taskq.schema_migrations TO :"client_role";
 -- `taskq schedules`, `taskq schedule pause|resume|trigger`: read, the pause columns, the trigger's bookkeeping

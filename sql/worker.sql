@@ -364,10 +364,10 @@ WITH expired AS (
 SELECT u.id, u.status FROM upd AS u;
 
 -- name: job_sweep_deadline
--- Waiting rows whose schedule_to_close passed before any worker ran them end failed.
+-- Waiting rows (awaiting_parents too) whose schedule_to_close passed before any worker ran them end failed.
 WITH late AS (
     SELECT id, status AS prev FROM taskq.jobs
-    WHERE status IN ('pending', 'scheduled') AND schedule_to_close IS NOT NULL AND schedule_to_close <= now()
+    WHERE status IN ('pending', 'scheduled', 'awaiting_parents') AND schedule_to_close IS NOT NULL AND schedule_to_close <= now()
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), upd AS (
@@ -394,13 +394,17 @@ LISTEN taskq_jobs; LISTEN taskq_cancel;
 -- terminal until the delete. The gate, a transaction-level advisory lock tried once per batch (so it
 -- works behind transaction poolers) and held through the pause after it (prune_pause), lets one pruner
 -- at a time work across the fleet: one that finds the gate taken ends its round (an empty batch) and
--- comes back at its next interval.
+-- comes back at its next interval. A parent that a non-terminal child still depends on is passed over
+-- (delete_terminal_jobs would keep it too, but the batch would then keep choosing it).
 WITH gate AS (
     SELECT pg_try_advisory_xact_lock(7461732, 1) AS open
 ), doomed AS (
     SELECT id FROM taskq.jobs, gate
     WHERE gate.open
       AND status IN ('succeeded', 'cancelled') AND finished_at < now() - %(keep)s::float8 * interval '1 second'
+      AND NOT (has_dependents AND EXISTS (SELECT 1 FROM taskq.job_dependencies AS d JOIN taskq.jobs AS c
+                                          ON c.id = d.child_id WHERE d.parent_id = jobs.id
+                                          AND c.status IN ('pending', 'scheduled', 'running', 'awaiting_parents')))
     ORDER BY finished_at
     LIMIT %(limit)s
     FOR UPDATE OF jobs SKIP LOCKED
@@ -415,6 +419,9 @@ WITH gate AS (
     SELECT id FROM taskq.jobs, gate
     WHERE gate.open AND status IN ('failed', 'crashed', 'abandoned')
       AND finished_at < now() - %(keep)s::float8 * interval '1 second'
+      AND NOT (has_dependents AND EXISTS (SELECT 1 FROM taskq.job_dependencies AS d JOIN taskq.jobs AS c
+                                          ON c.id = d.child_id WHERE d.parent_id = jobs.id
+                                          AND c.status IN ('pending', 'scheduled', 'running', 'awaiting_parents')))
     ORDER BY finished_at
     LIMIT %(limit)s
     FOR UPDATE OF jobs SKIP LOCKED

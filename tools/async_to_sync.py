@@ -61,6 +61,8 @@ MODULES = [
     Module("taskq.backend_unique"),
     Module("taskq.operations"),
     Module("taskq.schedule_admin"),
+    Module("taskq.backend_dependencies"),
+    Module("taskq.workflows"),
     Module("taskq.client", {"JobsClient": "SyncJobsClient", "JobHandle": "SyncJobHandle"}),
 ]
 
@@ -70,6 +72,7 @@ MAPPED: dict[tuple[str, str], tuple[str, str]] = {
     ("psycopg_pool", "AsyncConnectionPool"): ("taskq.sync_pool", "LazyConnectionPool"),
     ("taskq.backend_notify", "EnqueueNotifier"): ("taskq.sync_pool", "InlineNotifier"),
     ("contextlib", "asynccontextmanager"): ("contextlib", "contextmanager"),
+    ("contextlib", "AbstractAsyncContextManager"): ("contextlib", "AbstractContextManager"),
     ("collections.abc", "AsyncIterator"): ("collections.abc", "Iterator"),
     ("collections.abc", "AsyncIterable"): ("collections.abc", "Iterable"),
     ("collections.abc", "AsyncGenerator"): ("collections.abc", "Generator"),

@@ -9,12 +9,12 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from taskq import tracing
+from taskq import tracing, workflows
 from taskq.actors.declaration import Actor
 from taskq.actors.executors import Executor
 from taskq.client import JobHandle, encode_payload, prepare_insert
 from taskq.context import JobContext
-from taskq.exceptions import PayloadInvalid, ResultInvalid, Snooze
+from taskq.exceptions import DependencyInvalid, PayloadInvalid, ResultInvalid, Snooze
 from taskq.metrics import JOB_DURATION, JOBS_COMPLETED, JOBS_SNOOZED
 from taskq.models import CancelMarker, CancelOrigin, CancelPhase, JobRow, JobStatus
 from taskq.worker.registry import ActiveJob
@@ -341,11 +341,22 @@ class Consumers:
     async def enqueue_child(
         self, ctx: JobContext[Any], target: Actor[Any, Any] | str, payload: Any, options: dict[str, Any]
     ) -> JobHandle[Any]:
+        options = dict(options)
+        parents, mode = workflows.check_dependencies(options.pop("depends_on", None),
+                                                     options.pop("dependency_mode", "on_success"))
         job = prepare_insert(target, payload, registry=self.w.actors, max_payload_bytes=1024 * 1024,
                              parent_id=ctx.job_id, **options)
-        inserted = await self.w.backend.job_insert_deferred(job)
+        if parents:
+            if job.unique_key is not None:
+                raise DependencyInvalid("unique_key cannot be combined with depends_on")
+            inserted = await workflows.enqueue_dependent(self.w.backend, job, parents, mode)
+        else:
+            inserted = await self.w.backend.job_insert_deferred(job)
         row = inserted.row()
         return JobHandle(row.id, client=None, row=row, created=inserted.created)
+
+    async def parent_results(self, ctx: JobContext[Any]) -> dict[Any, Any]:
+        return await workflows.parent_results(self.w.backend, ctx.job_id, self.w.actors)
 
 
 class Hooks:

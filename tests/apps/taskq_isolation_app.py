@@ -131,6 +131,15 @@ def unique_kids(payload: str, ctx: JobContext[str]) -> dict[str, Any]:
     return {"created": [one.created, two.created], "same": one.job_id == two.job_id, "kid": str(one.job_id)}
 
 
+@actor(name="iso.proc.dependent", isolation="process")
+def dependent(payload: int, ctx: JobContext[int]) -> dict[str, Any]:
+    """Reads its parents' results from a child process; then enqueues a job that waits on this one."""
+    parents = ctx.parent_results_sync()
+    waiting = ctx.jobs.enqueue_sync("iso.proc.whoami", 3, depends_on=[ctx.job_id])
+    return {"parents": {str(k): v for k, v in parents.items()}, "waiting": str(waiting.job_id),
+            "waiting_status": str(waiting.row.status if waiting.row else None)}
+
+
 class Boom(ValueError):
     pass
 
@@ -166,4 +175,5 @@ def snoozes(payload: int, ctx: JobContext[int]) -> list[int]:
     return [ctx.attempt, ctx.claim_epoch, os.getpid()]
 
 
-actors = [whoami, cooperative, stubborn, deaf, die_once, checkpoints, unique_kids, fails, sleeps, waits, snoozes]
+actors = [whoami, cooperative, stubborn, deaf, die_once, checkpoints, unique_kids, fails, sleeps, waits, snoozes,
+          dependent]

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import shutil
@@ -38,11 +39,12 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import psycopg
 from chaos_checks import (
@@ -141,8 +143,48 @@ def make_plan(rng: random.Random, jobs: int, window: float) -> list[Planned]:
             else:
                 cancel_after = rng.uniform(0.1, 2.5)  # most likely running
         plan.append(Planned(key, actor, work, rng.uniform(0, window), max_attempts, future, cancel_after))
+    plan += make_graphs(rng, max(1, jobs // 15), window)
     plan.sort(key=lambda p: p.at)
     return plan
+
+
+def make_graphs(rng: random.Random, graphs: int, window: float) -> list[Planned]:
+    """Workflows under the same faults: chains, fan-outs and fan-ins of a few jobs each (every actor kind,
+    some failing or cancelled, so that the cascade runs from every terminal path the faults reach)."""
+    planned: list[Planned] = []
+    for g in range(graphs):
+        shape = rng.choice(["chain", "fan-out", "fan-in"])
+        at = rng.uniform(0, window)
+        name = f"g{g:04d}-{shape}"
+        mode = rng.choice(["on_success", "on_success", "on_any_terminal"])
+
+        node = functools.partial(_graph_node, rng, name, at=at, mode=mode)
+        if shape == "chain":
+            keys: list[str] = []
+            for i in range(rng.randint(3, 6)):
+                planned.append(node(i, (keys[-1],) if keys else ()))
+                keys.append(planned[-1].key)
+        elif shape == "fan-out":
+            root = node(0, ())
+            planned.append(root)
+            planned += [node(i, (root.key,)) for i in range(1, rng.randint(3, 8))]
+        else:
+            roots = [node(i, ()) for i in range(rng.randint(2, 5))]
+            planned += roots
+            planned.append(node(len(roots), tuple(r.key for r in roots)))
+    return planned
+
+
+def _graph_node(rng: random.Random, graph: str, i: int, parents: tuple[str, ...], at: float, mode: str) -> Planned:
+    work: dict[str, Any] = {"key": f"{graph}/{i}", "seconds": rng.uniform(0, 0.5)}
+    max_attempts = 5
+    if rng.random() < 0.15:
+        work["always_fail"], max_attempts = True, 2
+    elif rng.random() < 0.2:
+        work["fail_attempts"] = 1
+    cancel_after = rng.uniform(0.0, 2.0) if rng.random() < 0.08 else None
+    return Planned(work["key"], rng.choice(["chaos.async", "chaos.thread", "chaos.process"]), work, at,
+                   max_attempts, False, cancel_after, graph=graph, depends_on=parents, dependency_mode=mode)
 
 
 class Workload:
@@ -167,34 +209,54 @@ class Workload:
             now = loop.time() - start
             due = [p for p in todo if p.at <= now]
             todo = todo[len(due):]
-            groups: dict[tuple[str, int, bool], list[Planned]] = {}
+            groups: dict[tuple[str, int, bool] | str, list[Planned]] = {}
             for p in due:
-                groups.setdefault((p.actor, p.max_attempts, p.future), []).append(p)
+                groups.setdefault(p.graph or (p.actor, p.max_attempts, p.future), []).append(p)
             for batch in groups.values():
-                await self._enqueue(batch)
+                await (self._enqueue_graph(batch) if batch[0].graph else self._enqueue(batch))
                 for p in batch:
                     if p.cancel_after is not None and p.job_id is not None:
                         self.cancels.append(loop.create_task(self._cancel(p)))
         await asyncio.gather(*self.cancels)
 
     async def _enqueue(self, batch: list[Planned]) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.RETRY_FOR
-        delay = 0.1
         first = batch[0]
         options: dict[str, Any] = {
             "max_attempts": first.max_attempts,
             "scheduled_at": timedelta(days=1) if first.future else None,
             "tags": (FUTURE_TAG,) if first.future else (),
         }
+
+        async def write() -> list[UUID]:
+            if len(batch) == 1:
+                return [(await self.client.enqueue(first.actor, first.work, **options)).job_id]
+            return [h.job_id for h in await self.client.enqueue_many(first.actor, [p.work for p in batch], **options)]
+
+        await self._write_retrying(batch, write, "enqueue" if len(batch) == 1 else "enqueue_many")
+
+    async def _enqueue_graph(self, nodes: list[Planned]) -> None:
+        """One workflow (client.workflow(): one transaction, all or nothing)."""
+
+        async def write() -> list[UUID]:
+            async with self.client.workflow() as wf:
+                made: dict[str, Any] = {}
+                for p in nodes:
+                    made[p.key] = wf.enqueue(p.actor, p.work, max_attempts=p.max_attempts,
+                                             depends_on=[made[k] for k in p.depends_on],
+                                             dependency_mode=p.dependency_mode)
+            return [made[p.key].job_id for p in nodes]
+
+        await self._write_retrying(nodes, write, "workflow")
+
+    async def _write_retrying(self, batch: list[Planned], write: Callable[[], Awaitable[list[UUID]]],
+                              via: str) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.RETRY_FOR
+        delay = 0.1
         while True:
             try:
-                if len(batch) == 1:
-                    handles = [await self.client.enqueue(first.actor, first.work, **options)]
-                else:
-                    handles = await self.client.enqueue_many(first.actor, [p.work for p in batch], **options)
-                for p, handle in zip(batch, handles, strict=True):
-                    p.job_id, p.error, p.via = handle.job_id, None, "enqueue" if len(batch) == 1 else "enqueue_many"
+                for p, job_id in zip(batch, await write(), strict=True):
+                    p.job_id, p.error, p.via = job_id, None, via
                 return
             except Exception as exc:
                 self.client_errors += 1
@@ -313,7 +375,9 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosReport:
             log("corrupting one row on purpose: " + await corrupt_one_row(dsn))
         cancels = Counter(p.cancel_outcome for p in plan if p.cancel_after is not None and p.job_id is not None)
         rows = await fetch(dsn, "SELECT count(*) FILTER (WHERE parent_id IS NOT NULL), "
-                                "count(*) FILTER (WHERE 'chaos-future' = ANY(tags)) FROM taskq.jobs")
+                                "count(*) FILTER (WHERE 'chaos-future' = ANY(tags)), "
+                                "count(*) FILTER (WHERE dependency_mode IS NOT NULL), "
+                                "count(*) FILTER (WHERE error_class = 'ParentFailed') FROM taskq.jobs")
         run: dict[str, Any] = {
             "seed": seed,
             "workers / windows": f"{config.workers} workers, heartbeat {WINDOWS['heartbeat_interval']}s, lock "
@@ -322,6 +386,8 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosReport:
             "jobs enqueued (top level / children)": f"{sum(p.job_id is not None for p in plan)} / {rows[0][0]}",
             **{f"  via {via}": n for via, n in sorted(Counter(p.via for p in plan if p.job_id).items())},
             "jobs scheduled a day ahead (never run)": rows[0][1],
+            "graph jobs (workflows) / with parents / cancelled by the cascade":
+                f"{sum(p.graph is not None for p in plan)} / {rows[0][2]} / {rows[0][3]}",
             "faults injected": sum(faults.by_kind().values()),
             **{f"  fault {kind}": n for kind, n in faults.by_kind().items()},
             "  skipped (no live worker to signal)": faults.skipped(),

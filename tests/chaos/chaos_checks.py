@@ -60,6 +60,11 @@ class Planned:
     cancel_outcome: str | None = None
     """previous status seen by the cancel ('running', 'pending'...), or 'error'."""
     error: str | None = None
+    graph: str | None = None
+    """The graph (workflow) this job belongs to: its jobs are enqueued together in one transaction."""
+    depends_on: tuple[str, ...] = ()
+    """Keys of the earlier jobs of its graph it waits for."""
+    dependency_mode: str = "on_success"
 
 
 async def prepare_schema(dsn: str) -> None:
@@ -234,7 +239,7 @@ async def run_checks(dsn: str, plan: list[Planned], run: dict[str, Any], supervi
         assert row is not None
         for label, value in zip(EXECUTION_LABELS, row, strict=True):
             report.run[label] = value
-        cur = await conn.execute("SELECT id, payload->>'key', status, parent_id IS NULL FROM taskq.jobs")
+        cur = await conn.execute("SELECT id, payload->>'key', status, parent_id IS NULL, error_class FROM taskq.jobs")
         jobs = await cur.fetchall()
     report.violations |= _accounting(plan, jobs)
     if supervisor_code != 0:  # 1: a worker of an idle fleet did not stop cleanly (see its log)
@@ -261,7 +266,7 @@ def _accounting(plan: list[Planned], jobs: list[tuple[Any, ...]]) -> dict[str, l
     planned job; cancelled and abandoned rows (children included) must be jobs the operator cancelled."""
     found: dict[str, list[str]] = {}
     by_key: dict[str, list[UUID]] = {}
-    for job_id, key, _, top_level in jobs:
+    for job_id, key, _, top_level, _ in jobs:
         if top_level:
             by_key.setdefault(key, []).append(job_id)
     planned = {p.key: p for p in plan}
@@ -276,8 +281,9 @@ def _accounting(plan: list[Planned], jobs: list[tuple[Any, ...]]) -> dict[str, l
     if accounted:
         found["accounted"] = accounted
     asked = {p.job_id for p in plan if p.cancel_outcome is not None}
-    phantom = [f"{job_id}: {status} without an operator cancel" for job_id, _, status, _ in jobs
-               if status in ("cancelled", "abandoned") and job_id not in asked]
+    # a dependency cascade's cancel (ParentFailed) is the database's, checked by inv_parent_failed_has_failed_parent
+    phantom = [f"{job_id}: {status} without an operator cancel" for job_id, _, status, _, error_class in jobs
+               if status in ("cancelled", "abandoned") and job_id not in asked and error_class != "ParentFailed"]
     if phantom:
         found["cancelled_by_operator"] = phantom
     return found

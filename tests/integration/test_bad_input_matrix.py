@@ -295,6 +295,13 @@ async def _unknown_actor_as_given(client: JobsClient) -> str:
     return f"stored {stored.row.status.value}"
 
 
+async def _forward_edge(client: JobsClient) -> Any:
+    from taskq.workflows import GraphJob, enqueue_graph
+
+    first, second = client._prepare("matrix.x", 1), client._prepare("matrix.x", 2)
+    return await enqueue_graph(client.backend, [GraphJob(first, (second.id,)), GraphJob(second)])
+
+
 def _embedded_unusable(env: Env) -> Awaitable[Outcome]:
     env.monkeypatch.delenv("TASKQ_DSN", raising=False)
     env.monkeypatch.setenv("TASKQ_DATA_DIR", "/dev/null/taskq")
@@ -371,6 +378,18 @@ CASES: list[Case] = [
     Case("client-unknown-unique-scope", "client", "unique_scope='forever'", "ConfigurationError",
          "unique_scope must be 'active' or 'retained'",
          lambda e: client_call(e, lambda c: c.enqueue("matrix.x", 1, unique_key="k", unique_scope="forever"))),
+    Case("client-depends-on-missing-job", "client", "depends_on=[an id no job has]", "DependencyNotFound",
+         "do not exist",
+         lambda e: client_call(e, lambda c: c.enqueue("matrix.x", 1, depends_on=[uuid.UUID(int=7)]))),
+    Case("client-depends-on-later-graph-job", "client", "a graph job depending on a later job of the graph (a cycle)",
+         "DependencyInvalid", "later job of the same graph", lambda e: client_call(e, _forward_edge)),
+    Case("client-unknown-dependency-mode", "client", "dependency_mode='sometimes'", "DependencyInvalid",
+         "dependency_mode must be one of",
+         lambda e: client_call(e, lambda c: c.enqueue("matrix.x", 1, depends_on=[uuid.UUID(int=7)],
+                                                      dependency_mode="sometimes"))),
+    Case("client-too-many-parents", "client", "depends_on with 10,001 parents", "DependencyInvalid", "the limit",
+         lambda e: client_call(e, lambda c: c.enqueue("matrix.x", 1,
+                                                      depends_on=[uuid.UUID(int=i) for i in range(10_001)]))),
     Case("schedule-invalid-cron", "client", "Schedule(cron='61 * * * *')", "ScheduleDefinitionError",
          "invalid cron expression", lambda e: declare(cron="61 * * * *")),
     Case("schedule-unknown-timezone", "client", "Schedule(timezone='Mars/Olympus')", "ScheduleDefinitionError",
@@ -442,6 +461,11 @@ CASES: list[Case] = [
          lambda e: cli(e, "enqueue", "a.b", "--payload", "-", stdin='"' + "y" * 2 * 1024 * 1024 + '"')),
     Case("cli-tag-not-utf8", "cli", "--tag of bytes that are not UTF-8", "exit 2", "valid Unicode",
          lambda e: cli(e, "enqueue", "a.b", "--payload", "{}", "--tag", b"t\xff")),
+    Case("cli-depends-on-missing-job", "cli", "enqueue --depends-on an id no job has", "exit 4", "do not exist",
+         lambda e: cli(e, "enqueue", "matrix.x", "--payload", "1", "--depends-on", str(uuid.UUID(int=7)))),
+    Case("cli-unknown-dependency-mode", "cli", "enqueue --dependency-mode sometimes", "exit 2", "invalid choice",
+         lambda e: cli(e, "enqueue", "matrix.x", "--payload", "1", "--depends-on", str(uuid.UUID(int=7)),
+                       "--dependency-mode", "sometimes")),
     Case("cli-empty-unique-key", "cli", "enqueue --unique-key ''", "exit 2", "unique_key must be 1-255",
          lambda e: cli(e, "enqueue", "a.b", "--payload", "{}", "--unique-key", "")),
     Case("cli-long-unique-key", "cli", "enqueue --unique-key of 256 characters", "exit 2", "unique_key must be 1-255",

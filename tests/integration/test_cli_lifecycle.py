@@ -72,7 +72,7 @@ async def test_requeue_one_job_prints_one_line_and_json_and_job_shows_the_requeu
     assert out.splitlines() == [f"job {job_id}: failed -> pending, requeued=true: back in the queue, due now"]
     again = json.loads(ok(run_cli("requeue", job_id, "--json", dsn=dsn)))
     assert again == {"job_id": job_id, "previous_status": "pending", "new_status": "pending", "requeued": False,
-                     "conflict_job_id": None}
+                     "conflict_job_id": None, "revived": []}
     detail = ok(run_cli("job", job_id, dsn=dsn))
     assert "unique key   cli-key (scope active)" in detail and "requeues     1" in detail
     assert "requeued" in detail and '"reason": "fixed"' in detail

@@ -6,7 +6,7 @@ import math
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import psycopg
 import pytest
@@ -217,6 +217,13 @@ async def test_client_refuses_a_nonsense_payload_limit(dsn: str, limit: Any) -> 
         ({"unique_key": 42}, "unique_key must be a string"),
         ({"unique_key": "k", "unique_scope": "forever"}, "unique_scope must be 'active' or 'retained'"),
         ({"unique_scope": "retained"}, "needs a unique_key"),
+        ({"depends_on": [UUID(int=1)]}, "do not exist"),
+        ({"depends_on": [UUID(int=1)], "dependency_mode": "sometimes"}, "dependency_mode must be one of"),
+        ({"dependency_mode": None}, "dependency_mode must be one of"),
+        ({"depends_on": [UUID(int=i) for i in range(10_001)]}, "the limit"),
+        ({"depends_on": str(UUID(int=1))}, "not a single job"),
+        ({"depends_on": ["not-a-job"]}, "not a job id"),
+        ({"depends_on": [UUID(int=1)], "unique_key": "k"}, "unique_key cannot be combined"),
     ],
     ids=[
         "naive-scheduled-at",
@@ -241,6 +248,13 @@ async def test_client_refuses_a_nonsense_payload_limit(dsn: str, limit: Any) -> 
         "int-unique-key",
         "unknown-unique-scope",
         "retained-without-key",
+        "depends-on-missing-job",
+        "unknown-dependency-mode",
+        "no-dependency-mode",
+        "too-many-parents",
+        "depends-on-one-id-not-a-list",
+        "depends-on-not-a-job",
+        "depends-on-with-unique-key",
     ],
 )
 async def test_invalid_enqueue_options_are_configuration_errors_and_nothing_is_written(

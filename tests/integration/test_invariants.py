@@ -87,6 +87,26 @@ async def test_a_healthy_history_has_no_violations(dsn: str, client: JobsClient)
             "VALUES ('x', 'k', 'active'), ('x', 'k', 'active')",
             "inv_unique_key_single_holder",
         ),
+        (
+            "INSERT INTO taskq.jobs (id, actor, status, parents_remaining, dependency_mode) "
+            "VALUES ('00000000-0000-0000-0000-000000000001', 'c', 'awaiting_parents', 1, 'on_success'); "
+            "INSERT INTO taskq.job_dependencies (parent_id, child_id, resolved_at, parent_status) "
+            "SELECT id, '00000000-0000-0000-0000-000000000001', now(), 'succeeded' FROM taskq.jobs WHERE actor = 'x'; "
+            "UPDATE taskq.jobs SET status = 'succeeded', finished_at = now() WHERE actor = 'x'",
+            "inv_awaiting_parents_settled",
+        ),
+        (
+            "INSERT INTO taskq.jobs (actor, status, error_class, cancel_reason, cancel_requested_at, finished_at) "
+            "VALUES ('c', 'cancelled', 'ParentFailed', 'parent-failure:failed', now(), now())",
+            "inv_parent_failed_has_failed_parent",
+        ),
+        (
+            "INSERT INTO taskq.jobs (id, actor, status, parents_remaining, dependency_mode) "
+            "VALUES ('00000000-0000-0000-0000-000000000001', 'c', 'awaiting_parents', 2, 'on_success'); "
+            "INSERT INTO taskq.job_dependencies (parent_id, child_id) "
+            "SELECT id, '00000000-0000-0000-0000-000000000001' FROM taskq.jobs WHERE actor = 'x'",
+            "inv_parents_remaining_matches_edges",
+        ),
     ],
 )
 async def test_each_kind_of_corruption_is_reported(

@@ -229,3 +229,14 @@ async def test_a_process_actor_enqueues_children_with_a_unique_key(dsn: str, cli
     kid = await client.get(row.result["kid"])
     assert kid is not None and kid.row is not None
     assert kid.row.unique_key == "kid-key" and kid.row.parent_id == row.id
+
+
+async def test_a_process_actor_reads_its_parents_results_and_enqueues_a_dependent_job(dsn: str) -> None:
+    async with await JobsClient.connect(dsn, registry=ACTORS) as client, running_worker(dsn, ACTORS):
+        parent = await client.enqueue("iso.proc.whoami", 1)
+        child = await client.enqueue("iso.proc.dependent", 2, depends_on=[parent])
+        row = await child.wait(timeout=60)
+        parent_row = await parent.refresh()
+    assert row.result["parents"] == {str(parent.job_id): parent_row.result}
+    # enqueued while its parent (the actor's own job) was still running
+    assert row.result["waiting_status"] == "awaiting_parents"

@@ -54,7 +54,7 @@ async def test_a_failed_job_reruns_at_attempt_n_plus_one_and_succeeds(dsn: str) 
         result = await client.requeue(handle.job_id, reason="fixed in v2")
         assert result.model_dump() == {
             "job_id": handle.job_id, "previous_status": JobStatus.FAILED, "new_status": JobStatus.PENDING,
-            "requeued": True, "conflict_job_id": None,
+            "requeued": True, "conflict_job_id": None, "revived": (),
         }
         row = await handle.wait(timeout=20)
     assert row.status is JobStatus.SUCCEEDED

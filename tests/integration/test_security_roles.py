@@ -203,6 +203,26 @@ async def test_client_role_requeues_a_failed_job(roles: Roles, dsn: str) -> None
         assert bulk.job_ids == (handle.job_id,)
 
 
+async def test_dependencies_work_under_the_roles(roles: Roles, dsn: str) -> None:
+    """The client role enqueues graphs, cancels waiting jobs and requeues with cascade; the worker role's
+    terminal writes settle the children (the cascade runs as the owner)."""
+    async with await JobsClient.connect(roles.client_dsn, registry=registry) as client:
+        async with client.workflow() as wf:
+            parent = wf.enqueue(fail, Msg(text="p"))
+            child = wf.enqueue(echo, Msg(text="c"), depends_on=[parent])
+            grandchild = wf.enqueue(echo, Msg(text="g"), depends_on=[child])
+        async with running_worker(roles.worker_dsn, registry):
+            await wait_for(lambda: _has_ended(client, grandchild.job_id), timeout=30)
+        assert await status_of(client, child.job_id) is JobStatus.CANCELLED
+        result = await client.requeue(parent.job_id, cascade=True)
+        assert set(result.revived) == {child.job_id, grandchild.job_id}
+        waiting = await client.enqueue(echo, Msg(text="w"), depends_on=[child.job_id])
+        assert (await client.cancel(waiting.job_id)).new_status is JobStatus.CANCELLED
+        query(dsn, "UPDATE taskq.jobs SET status = 'failed', finished_at = now() WHERE id = %s", parent.job_id)
+        late = await client.enqueue(echo, Msg(text="l"), depends_on=[parent.job_id])
+        assert await status_of(client, late.job_id) is JobStatus.CANCELLED
+
+
 async def test_worker_role_runs_schedules_and_client_role_manages_them(roles: Roles, dsn: str) -> None:
     from datetime import timedelta as td
 

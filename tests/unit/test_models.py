@@ -39,7 +39,7 @@ def test_exactly_five_statuses_are_terminal() -> None:
         "crashed",
         "abandoned",
     }
-    assert {s.value for s in UNFINISHED_STATUSES} == {"pending", "scheduled", "running"}
+    assert {s.value for s in UNFINISHED_STATUSES} == {"pending", "scheduled", "running", "awaiting_parents"}
     assert all(s.is_terminal for s in TERMINAL_STATUSES)
     assert not any(s.is_terminal for s in UNFINISHED_STATUSES)
 
@@ -57,7 +57,7 @@ def test_cancel_markers_use_the_spec_error_class_names() -> None:
     ("flt", "expected"),
     [
         (JobFilter(tags=("a",)), None),
-        (JobFilter(unfinished=True), ["pending", "running", "scheduled"]),
+        (JobFilter(unfinished=True), ["awaiting_parents", "pending", "running", "scheduled"]),
         (JobFilter(statuses=(JobStatus.FAILED, JobStatus.PENDING)), ["failed", "pending"]),
         (JobFilter(statuses=(JobStatus.RUNNING, JobStatus.SUCCEEDED), unfinished=True), ["running"]),
     ],

@@ -13,7 +13,13 @@ _UPDATE = re.compile(r"UPDATE\s+taskq\.jobs\b(?:\s+AS\s+(\w+))?\s+SET\b(.*?)(?:\
 
 
 def _query_files() -> list[Path]:
-    return sorted(p for p in SQL_DIR.glob("*.sql") if not _MIGRATION.match(p.name) and p.name != "roles.sql")
+    """The named queries, and the migrations from the one that adds the column on (their functions, such as
+    the dependency cascade, update jobs too)."""
+    migrations = sorted(p for p in SQL_DIR.glob("*.sql") if _MIGRATION.match(p.name))
+    first = next(i for i, p in enumerate(migrations)
+                 if re.search(r"ADD COLUMN\s+revision\b", p.read_text(encoding="utf-8"), re.I))
+    queries = [p for p in SQL_DIR.glob("*.sql") if not _MIGRATION.match(p.name) and p.name != "roles.sql"]
+    return sorted(queries) + migrations[first + 1 :]
 
 
 def updates_missing_revision(text: str) -> list[str]:
