@@ -123,10 +123,12 @@ class JobOptions:
     schedule_to_close: float | None
     parent_id: UUID | None = None
     idempotent: bool = True
+    concurrency_key: str | None = None
 
     def params(self) -> dict[str, Any]:
         return {
             "idempotent": self.idempotent,
+            "concurrency_key": self.concurrency_key,
             "actor": self.actor,
             "queue": self.queue,
             "priority": self.priority,
@@ -269,6 +271,7 @@ class InsertedJob:
                 requeue_count=0,
                 snooze_count=0,
                 idempotent=opts.idempotent,
+                concurrency_key=opts.concurrency_key,
             )
         )
 

@@ -50,7 +50,7 @@ import psycopg
 from psycopg_pool import PoolTimeout
 from pydantic import ValidationError
 
-from taskq import cli_lifecycle, cli_output, cli_prune, cli_schedules, sql
+from taskq import cli_lifecycle, cli_output, cli_prune, cli_queues, cli_schedules, queues, sql
 from taskq.actors.declaration import default_registry
 from taskq.checks import check_reason
 from taskq.cli_args import int_arg, job_id_arg, seconds_arg, when_arg
@@ -63,6 +63,7 @@ from taskq.exceptions import (
     DatabaseUnavailable,
     EmbeddedUnavailable,
     PayloadInvalid,
+    QueueNotFound,
     ScheduleNotFound,
     SchemaNotReady,
     SchemaTooNew,
@@ -263,6 +264,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         "schedule_to_close": args.schedule_to_close,
         "unique_key": args.unique_key,
         "unique_scope": args.unique_scope,
+        "concurrency_key": args.concurrency_key,
     }
     # every check enqueue makes, before touching the database: a bad value is a usage error even offline
     prepare_insert(
@@ -333,10 +335,11 @@ def cmd_job(args: argparse.Namespace) -> int:
             raise NotFound(f"no job with id {job_id}")
         events = await client.events(job_id)
         attempts = await client.attempts(job_id)
+        waiting = await queues.job_wait_reason(client.backend, job_id)
         if args.json:
-            emit(cli_output.to_json({"job": handle.row, "events": events, "attempts": attempts}))
+            emit(cli_output.to_json({"job": handle.row, "events": events, "attempts": attempts, "waiting": waiting}))
         else:
-            emit(cli_output.job_detail(handle.row, events, attempts))
+            emit(cli_output.job_detail(handle.row, events, attempts, waiting=waiting))
         return ExitCode.OK
 
     return with_client(args, body)
@@ -424,6 +427,7 @@ COMMANDS: tuple[Command, ...] = (
             arg("--unique-scope", choices=list(UNIQUE_SCOPES), default="active",
                 help="how long a job holds its key: 'active' (default) while pending, scheduled or running; "
                 "'retained' for as long as its row is kept"),
+            arg("--concurrency-key", metavar="KEY", help="the key of per-key concurrency limits (e.g. a tenant)"),
             JSON_ARG,
         ),
     ),
@@ -454,6 +458,7 @@ COMMANDS: tuple[Command, ...] = (
         (arg("job_id", type=job_id_arg, metavar="ID"), JSON_ARG),
     ),
     *cli_schedules.commands(),
+    *cli_queues.commands(),
     *cli_prune.commands(),
     Command(
         "worker", cmd_worker, "run one worker in the foreground",
@@ -527,7 +532,7 @@ def classify(exc: BaseException) -> tuple[ExitCode, str]:
         return ExitCode.EMBEDDED_UNAVAILABLE, message
     if isinstance(exc, DatabaseUnavailable):
         return ExitCode.DATABASE_UNAVAILABLE, str(exc)
-    if isinstance(exc, ScheduleNotFound):
+    if isinstance(exc, ScheduleNotFound | QueueNotFound):
         return ExitCode.NOT_FOUND, str(exc)
     if isinstance(exc, SchemaNotReady | SchemaTooNew):
         return ExitCode.SCHEMA, str(exc)

@@ -49,13 +49,14 @@ class ChildJobs:
         schedule_to_close: float | timedelta | None = None,
         unique_key: str | bool | None = None,
         unique_scope: str = "active",
+        concurrency_key: str | None = None,
     ) -> JobHandle[Any]:
         """As `JobsClient.enqueue`; with a unique key held by another job, returns that job's handle
         with `created` False."""
         options = {
             "queue": queue, "priority": priority, "tags": tuple(tags), "scheduled_at": scheduled_at,
             "max_attempts": max_attempts, "schedule_to_close": schedule_to_close,
-            "unique_key": unique_key, "unique_scope": unique_scope,
+            "unique_key": unique_key, "unique_scope": unique_scope, "concurrency_key": concurrency_key,
         }
         return await self._ctx._runtime.enqueue_child(self._ctx, target, payload, options)
 

@@ -26,12 +26,13 @@ SELECT coalesce(max(version), 0) AS version FROM taskq.schema_migrations;
 -- INSERT ... RETURNING (the NOTIFY in the RETURNING list) costs the server a sixth less than the same
 -- statement wrapped in a CTE. With notify false the NOTIFY is left to a later jobs_notify (backend_notify).
 INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
-                        scheduled_at, schedule_to_close, parent_id, idempotent)
+                        scheduled_at, schedule_to_close, parent_id, idempotent, concurrency_key)
 VALUES (%(id)s, %(actor)s, %(queue)s, %(payload)s::jsonb,
         CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
         %(priority)s, %(tags)s::text[], %(max_attempts)s,
         greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
-        now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s, %(idempotent)s)
+        now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s, %(idempotent)s,
+        %(concurrency_key)s::text)
 RETURNING status, scheduled_at, schedule_to_close, created_at,
           (CASE WHEN %(notify)s::bool AND status = 'pending' THEN pg_notify('taskq_jobs', queue) END) IS NULL AS _n;
 
@@ -41,13 +42,13 @@ RETURNING status, scheduled_at, schedule_to_close, created_at,
 -- NOTIFY for the whole batch when its jobs are due now.
 WITH ins AS (
     INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
-                            scheduled_at, schedule_to_close, parent_id, idempotent)
+                            scheduled_at, schedule_to_close, parent_id, idempotent, concurrency_key)
     SELECT u.id, %(actor)s::text, %(queue)s::text, u.payload::jsonb,
            CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
            %(priority)s::int, %(tags)s::text[], %(max_attempts)s::int,
            greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
            now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s::uuid,
-           %(idempotent)s::boolean
+           %(idempotent)s::boolean, %(concurrency_key)s::text
     FROM unnest(%(ids)b::uuid[], %(payloads)b::text[]) AS u(id, payload)
     RETURNING status
 )
@@ -60,13 +61,14 @@ FROM ins;
 -- job_insert for a job with a unique key: writes nothing (returns no row) when another job holds the
 -- key in jobs_unique_key_idx. The conflict target names that index by its column and predicate.
 INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
-                        scheduled_at, schedule_to_close, parent_id, idempotent, unique_key, unique_scope)
+                        scheduled_at, schedule_to_close, parent_id, idempotent, unique_key, unique_scope,
+                        concurrency_key)
 VALUES (%(id)s, %(actor)s, %(queue)s, %(payload)s::jsonb,
         CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
         %(priority)s, %(tags)s::text[], %(max_attempts)s,
         greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
         now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s, %(idempotent)s,
-        %(unique_key)s, %(unique_scope)s)
+        %(unique_key)s, %(unique_scope)s, %(concurrency_key)s::text)
 ON CONFLICT (unique_key)
     WHERE unique_key IS NOT NULL AND (unique_scope = 'retained' OR status IN ('pending', 'scheduled', 'running'))
     DO NOTHING
@@ -84,13 +86,15 @@ WHERE unique_key = %(unique_key)s
 -- only when it skipped some (decoding a hundred ids costs the client more than the insert saved).
 WITH ins AS (
     INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
-                            scheduled_at, schedule_to_close, parent_id, idempotent, unique_key, unique_scope)
+                            scheduled_at, schedule_to_close, parent_id, idempotent, unique_key, unique_scope,
+                            concurrency_key)
     SELECT u.id, %(actor)s::text, %(queue)s::text, u.payload::jsonb,
            CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
            %(priority)s::int, %(tags)s::text[], %(max_attempts)s::int,
            greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
            now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s::uuid,
-           %(idempotent)s::boolean, u.key, CASE WHEN u.key IS NOT NULL THEN %(unique_scope)s::text END
+           %(idempotent)s::boolean, u.key, CASE WHEN u.key IS NOT NULL THEN %(unique_scope)s::text END,
+           %(concurrency_key)s::text
     FROM unnest(%(ids)b::uuid[], %(payloads)b::text[], %(unique_keys)b::text[]) AS u(id, payload, key)
     ON CONFLICT (unique_key)
         WHERE unique_key IS NOT NULL AND (unique_scope = 'retained' OR status IN ('pending', 'scheduled', 'running'))
