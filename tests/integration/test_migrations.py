@@ -16,7 +16,8 @@ from taskq.client import JobsClient
 from taskq.exceptions import MigrationError, SchemaNotReady, SchemaTooNew
 from taskq.migrations import migrate, migrate_dsn
 
-EXPECTED_TABLES = {"jobs", "job_events", "job_attempts", "workers", "lease_losses", "schema_migrations", "schedules"}
+EXPECTED_TABLES = {"jobs", "job_events", "job_attempts", "workers", "lease_losses", "schema_migrations", "schedules",
+                   "queues", "actor_limits", "queue_events", "rate_starts"}
 
 
 @pytest.fixture
