@@ -61,7 +61,7 @@ FROM up;
 -- name: queue_stats
 -- `taskq queues`. Every figure reads only index entries of the rows it counts, never the whole table:
 -- waiting rows from jobs_claim_idx (pending/scheduled, with scheduled_at in the index: due now or later,
--- and the oldest due), running rows from jobs_running_queue_idx, waiting parents from
+-- and the oldest due), running rows from jobs_running_scope_idx, waiting parents from
 -- jobs_awaiting_queue_idx, the last hour's failures and the last 5 minutes' finishes from the retention
 -- indexes (finished_at ranges). Queues: the taskq.queues rows and any queue with unfinished jobs.
 WITH waiting AS (
@@ -111,7 +111,7 @@ LEFT JOIN finished AS d ON d.queue = n.name
 ORDER BY n.name;
 
 -- name: actor_limits_list
--- The actor limits in force, with each actor's running rows (jobs_running_actor_idx).
+-- The actor limits in force, with each actor's running rows (jobs_running_scope_idx).
 SELECT a.actor, a.global_concurrency, a.concurrency_per_key, a.rate_limit, a.rate_period, a.declared_by,
        a.updated_at,
        (SELECT count(*) FROM taskq.jobs AS j WHERE j.status = 'running' AND j.actor = a.actor) AS running

@@ -136,7 +136,7 @@ class WorkerStore:
                   "worker_id": self.worker_id, "lock_timeout": lock_timeout}
         async with self.pool.connection() as conn:
             async with conn.pipeline(), conn.transaction():
-                await conn.execute(sql.query("job_claim_no_jit"))
+                await conn.execute(sql.query("job_claim_limited_setup"))
                 await conn.execute(sql.query("job_claim_lock_queues"), params)
                 await conn.execute(sql.query("job_claim_lock_actors"))
                 cur = await conn.execute(sql.query("job_claim_limited"), params)
