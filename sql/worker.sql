@@ -282,6 +282,77 @@ SELECT id, actor, queue, payload, attempt, max_attempts, claim_epoch, progress, 
 FROM claimed
 ORDER BY priority, id;
 
+-- name: job_claim_queue_limited
+-- job_claim_limited for the common case, in the same transaction after the same locks: our queues
+-- limited by concurrency or rate only (no per-key limit) and no actor limit anywhere. Each queue's scan
+-- stops at what is left of its limits, in claim order, as job_claim's does at the batch: no ranking.
+-- It takes nothing from a queue with a per-key limit, nor anything at all once an actor limit exists;
+-- the worker then uses job_claim_limited (its view of queue control says so by its next claim).
+WITH clock AS MATERIALIZED (
+    SELECT clock_timestamp() AS ts
+), qc AS MATERIALIZED (
+    SELECT name, concurrency_limit, rate_limit, rate_period
+    FROM taskq.queues
+    WHERE name = ANY(%(queues)s::text[]) AND paused_at IS NULL AND concurrency_per_key IS NULL
+      AND (concurrency_limit IS NOT NULL OR rate_limit IS NOT NULL)
+    LIMIT cardinality(%(queues)s::text[])
+), ql AS MATERIALIZED (
+    SELECT qc.name,
+           greatest(0, least(%(limit)s::int,
+                CASE WHEN qc.concurrency_limit IS NOT NULL THEN qc.concurrency_limit
+                    - (SELECT count(*) FROM taskq.jobs AS j WHERE j.status = 'running' AND j.queue = qc.name) END,
+                CASE WHEN qc.rate_limit IS NOT NULL THEN qc.rate_limit
+                    - (SELECT count(*) FROM taskq.rate_starts AS r, clock
+                       WHERE r.scope = 'queue:' || qc.name
+                         AND r.started_at > clock.ts - qc.rate_period * interval '1 second') END)) AS free
+    FROM qc
+    WHERE NOT EXISTS (SELECT 1 FROM taskq.actor_limits)
+), picked AS (
+    SELECT c.id, c.prev
+    FROM ql CROSS JOIN LATERAL (
+        SELECT id, status AS prev, priority, scheduled_at FROM taskq.jobs
+        WHERE status IN ('pending', 'scheduled') AND queue = ql.name AND scheduled_at <= now()
+        ORDER BY priority, scheduled_at, id
+        LIMIT ql.free
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    ORDER BY c.priority, c.scheduled_at, c.id
+    LIMIT %(limit)s
+), claimed AS (
+    UPDATE taskq.jobs AS j SET
+        status = 'running',
+        attempt = j.attempt + 1,
+        claim_epoch = j.claim_epoch + 1,
+        worker_id = %(worker_id)s,
+        lock_expires_at = now() + %(lock_timeout)s::float8 * interval '1 second',
+        started_at = clock.ts,
+        cancel_phase = 0
+    FROM picked AS p, clock
+    WHERE j.id = p.id
+    RETURNING j.id, j.actor, j.queue, j.payload, j.attempt, j.max_attempts, j.claim_epoch, j.progress,
+              j.schedule_to_close, j.priority, p.prev, j.idempotent, j.scheduled_for
+), att AS (
+    INSERT INTO taskq.job_attempts (job_id, attempt, claim_epoch, worker_id, started_at)
+    SELECT c.id, c.attempt, c.claim_epoch, %(worker_id)s, clock.ts FROM claimed AS c, clock
+), ev AS (
+    INSERT INTO taskq.job_events (job_id, kind, from_status, to_status, attempt, worker_id, detail)
+    SELECT c.id, 'state_change', c.prev, 'running', c.attempt, %(worker_id)s,
+           jsonb_build_object('claim_epoch', c.claim_epoch)
+    FROM claimed AS c
+), starts AS (
+    INSERT INTO taskq.rate_starts (scope, started_at)
+    SELECT 'queue:' || c.queue, clock.ts FROM claimed AS c JOIN qc ON qc.name = c.queue, clock
+    WHERE qc.rate_limit IS NOT NULL
+), trimmed AS (
+    DELETE FROM taskq.rate_starts AS r USING qc, clock
+    WHERE qc.rate_limit IS NOT NULL AND r.scope = 'queue:' || qc.name
+      AND r.started_at <= clock.ts - qc.rate_period * interval '1 second'
+)
+SELECT id, actor, queue, payload, attempt, max_attempts, claim_epoch, progress, schedule_to_close, idempotent,
+       scheduled_for
+FROM claimed
+ORDER BY priority, id;
+
 -- name: queue_control_read
 -- What a worker needs to know to choose its claim: for each of our queues, paused or limited, and
 -- whether any actor limit exists (its jobs may sit in any queue). Read at start, on a queue-control

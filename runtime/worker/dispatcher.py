@@ -74,7 +74,8 @@ class Dispatcher:
         await control.refresh_if_due()
         jobs: list[ClaimedJob] = []
         if control.limited:
-            jobs = await self.w.store.claim_limited(s.queues, want, s.lock_timeout)
+            jobs = await self.w.store.claim_limited(s.queues, want, s.lock_timeout,
+                                                    queue_limits_only=control.queue_limits_only)
             LIMITED_CLAIMS.labels(result="jobs" if jobs else "empty").inc()
         if control.plain and len(jobs) < want:
             jobs += await self.w.store.claim(s.queues, want - len(jobs), s.lock_timeout)

@@ -34,6 +34,12 @@ class QueueControl:
         return any(lim.any for name, lim in self.read.queues.items() if name not in self.read.paused)
 
     @property
+    def queue_limits_only(self) -> bool:
+        """No actor limit and no per-key limit on our queues: the lighter limited claim will do."""
+        return not self.read.actor_limits and all(
+            lim.concurrency_per_key is None for lim in self.read.queues.values())
+
+    @property
     def plain(self) -> bool:
         """The plain claim may find work: one of our queues is neither paused nor limited."""
         return any(
