@@ -243,3 +243,9 @@ def bulk_requeue_summary(result: BulkRequeueResult) -> str:
         more = f" and {len(result.conflicts) - 5} more" if len(result.conflicts) > 5 else ""
         text += f"\n{len(result.conflicts)} left unchanged, their unique key held by another job: {shown}{more}"
     return text
+
+
+def pause_line(name: str, paused: bool, changed: bool) -> str:
+    """What a pause or resume of a queue or a schedule did: `mail: paused`, `mail: already resumed`."""
+    verb = "paused" if paused else "resumed"
+    return f"{name}: {verb}" if changed else f"{name}: already {verb}"

@@ -120,11 +120,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
         # an unknown name raises QueueNotFound: exit 4, one line (taskq.cli.classify)
         action = client.pause_queue if args.action == "pause" else client.resume_queue
         result = await action(name, reason=args.reason)
-        if args.json:
-            emit(cli_output.to_json(result))
-        else:
-            verb = "paused" if result.paused else "resumed"
-            emit(f"{name}: {verb}" if result.changed else f"{name}: already {verb}")
+        emit(cli_output.to_json(result) if args.json else cli_output.pause_line(name, result.paused, result.changed))
         return ExitCode.OK
 
     return with_client(args, body)
