@@ -91,10 +91,8 @@ def drain_round(dsn: str, args: argparse.Namespace, variant: str, tag: str) -> d
         conn.execute("VACUUM ANALYZE taskq.jobs")
         settings = {"concurrency": args.concurrency, "claim_batch_size": args.claim_batch_size}
         logs = RESULTS_DIR / "logs"
-        spawn = (lambda i: spawn_baseline(dsn, args, settings, logs / f"qc-{tag}-w{i}.log")) \
-            if variant == "baseline" else \
-            (lambda i: spawn_worker(dsn, APP, settings, logs / f"qc-{tag}-w{i}.log"))
-        procs = [spawn(i) for i in range(args.workers)]
+        procs = [spawn_baseline(dsn, args, settings, logs / f"qc-{tag}-w{i}.log") if variant == "baseline"
+                 else spawn_worker(dsn, APP, settings, logs / f"qc-{tag}-w{i}.log") for i in range(args.workers)]
         deadline = time.monotonic() + args.timeout
         try:
             while True:

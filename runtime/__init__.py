@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from taskq.actors.declaration import Actor, ActorRegistry, RetryPolicy, actor
 from taskq.client import JobHandle, JobsClient
+from taskq.client_sync import SyncJobHandle, SyncJobsClient
 from taskq.context import JobContext
 from taskq.exceptions import JobFailed, NonRetryableError, Snooze, SnoozeInvalid, TaskqError
 from taskq.models import (
@@ -46,6 +47,8 @@ __all__ = [
     "Schedule",
     "Snooze",
     "SnoozeInvalid",
+    "SyncJobHandle",
+    "SyncJobsClient",
     "TaskqError",
     "WorkerSettings",
     "actor",

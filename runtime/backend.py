@@ -16,7 +16,7 @@ from typing import Any, Self, TypeVar, cast
 from uuid import UUID
 
 import psycopg
-from psycopg import AsyncConnection, errors
+from psycopg import AsyncConnection, AsyncCursor, errors, pq
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool
@@ -24,7 +24,13 @@ from pydantic_core import from_json
 
 from taskq import sql
 from taskq.dsn import redact_dsn
-from taskq.exceptions import DatabaseUnavailable, SchemaNotReady, SchemaTooNew, UniqueKeyContention
+from taskq.exceptions import (
+    ConnectionUnusable,
+    DatabaseUnavailable,
+    SchemaNotReady,
+    SchemaTooNew,
+    UniqueKeyContention,
+)
 from taskq.models import (
     BulkCancelResult,
     JobAttempt,
@@ -276,6 +282,41 @@ class InsertedJob:
         )
 
 
+def caller_cursor(conn: AsyncConnection[Any], row_factory: Any = tuple_row) -> AsyncCursor[Any]:
+    """A cursor of taskq's own kind on a caller's connection (`enqueue(..., connection=)`): tuple rows and
+    server-side binding (the `%b` arrays of enqueue_many), whatever cursor_factory and row_factory the
+    caller set (Django sets a client-side binding cursor)."""
+    return AsyncCursor(conn, row_factory=row_factory)
+
+
+def check_caller_connection(conn: AsyncConnection[Any], database: str | None) -> None:
+    """Refuse, before any statement, a caller's connection the job cannot be written on: closed, in a
+    failed transaction, or to another database than the client's (compared by name: `database`)."""
+    if not isinstance(conn, AsyncConnection):
+        raise ConnectionUnusable(f"connection= needs a {AsyncConnection.__name__}, got {type(conn).__name__}")
+    if conn.closed:
+        raise ConnectionUnusable("the connection given as connection= is closed; nothing was written")
+    if conn.info.transaction_status == pq.TransactionStatus.INERROR:
+        raise ConnectionUnusable(
+            "the connection given as connection= is in a failed transaction (an earlier statement failed): "
+            "roll it back first; nothing was written"
+        )
+    if database is not None and conn.info.dbname != database:
+        raise ConnectionUnusable(
+            f"the connection given as connection= is to database {conn.info.dbname!r}, not to this client's "
+            f"{database!r}: the job would commit with another database's transaction; nothing was written"
+        )
+
+
+def schema_missing_on(conn: AsyncConnection[Any]) -> SchemaNotReady:
+    """The error for a caller's connection whose database has no (or an older) taskq schema."""
+    aborted = conn.info.transaction_status == pq.TransactionStatus.INERROR
+    return SchemaNotReady(
+        "the database of the connection given as connection= has no taskq schema (or an older one): run "
+        "`taskq migrate`" + ("; your transaction is now aborted: roll it back" if aborted else "")
+    )
+
+
 def row_to_job(row: dict[str, Any]) -> JobRow:
     row.pop("_n", None)
     return JobRow.model_validate(row)
@@ -337,13 +378,21 @@ class Backend:
     """Job operations over an autocommit connection pool. Open with `Backend.open(dsn)`."""
 
     def __init__(
-        self, pool: AsyncConnectionPool[AsyncConnection[Any]], dsn: str, *, transaction_pooler: bool = False
+        self,
+        pool: AsyncConnectionPool[AsyncConnection[Any]],
+        dsn: str,
+        *,
+        transaction_pooler: bool = False,
+        database: str | None = None,
     ) -> None:
         from taskq.backend_notify import EnqueueNotifier  # it builds on this module
 
         self.pool = pool
         self.dsn = dsn
         self.transaction_pooler = transaction_pooler
+        named = conninfo_to_dict(dsn).get("dbname")
+        self.database: str | None = database if database is not None else (str(named) if named else None)
+        """The database's name, which a caller's `connection=` must be to."""
         self.notifier = EnqueueNotifier(pool)
 
     @classmethod
@@ -367,6 +416,7 @@ class Backend:
         try:
             if check:
                 await check_schema(probe)
+            database = probe.info.dbname
         finally:
             await probe.close()
         pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
@@ -380,7 +430,7 @@ class Backend:
             reconnect_timeout=reconnect_timeout,
         )
         await pool.open(wait=True, timeout=timeout)
-        return cls(pool, dsn, transaction_pooler=transaction_pooler)
+        return cls(pool, dsn, transaction_pooler=transaction_pooler, database=database)
 
     async def close(self, *, timeout: float = 5.0) -> None:
         """Close the pool; `timeout` bounds the wait for its background tasks (reconnection attempts)."""
@@ -399,15 +449,24 @@ class Backend:
     async def job_insert_deferred(self, job: JobInsert, *, conn: AsyncConnection[Any] | None = None) -> InsertedJob:
         """`job_insert`, leaving the JobRow to be built by the caller if it wants it."""
         notify = conn is not None or self.notifier.inline(job.options.queue)
+        if conn is not None:
+            check_caller_connection(conn, self.database)
         if job.unique_key is not None:
             from taskq import backend_unique  # it builds on this module
 
-            inserted = await backend_unique.insert_unique(self.pool, job, conn, notify=notify)
+            try:
+                inserted = await backend_unique.insert_unique(self.pool, job, conn, notify=notify)
+            except (errors.UndefinedTable, errors.UndefinedColumn):
+                if conn is None:
+                    raise
+                raise schema_missing_on(conn) from None
         elif conn is not None:
-            # the caller's connection may have a row factory of its own
-            async with conn.cursor(row_factory=tuple_row) as cur:
-                await cur.execute(sql.query("job_insert"), job.params())
-                written = await cur.fetchone()
+            try:
+                async with caller_cursor(conn) as cur:
+                    await cur.execute(sql.query("job_insert"), job.params())
+                    written = await cur.fetchone()
+            except (errors.UndefinedTable, errors.UndefinedColumn):
+                raise schema_missing_on(conn) from None
         else:
             # getconn/putconn rather than pool.connection(): its `async with conn` issues a no-op
             # commit whose Python overhead is a tenth of a single enqueue (the pool is autocommit)
@@ -436,13 +495,24 @@ class Backend:
         if not batch.ids:
             return None
         notify = conn is not None or self.notifier.inline(batch.options.queue)
+        if conn is not None:
+            check_caller_connection(conn, self.database)
         skipped: dict[int, UUID] | None = None
         if batch.unique_keys is not None:
             from taskq import backend_unique
 
-            skipped = await backend_unique.insert_many_unique(self.pool, batch, conn, notify=notify)
+            try:
+                skipped = await backend_unique.insert_many_unique(self.pool, batch, conn, notify=notify)
+            except (errors.UndefinedTable, errors.UndefinedColumn):
+                if conn is None:
+                    raise
+                raise schema_missing_on(conn) from None
         elif conn is not None:
-            await conn.execute(sql.query("job_insert_many"), batch.params())
+            try:
+                async with caller_cursor(conn) as cur:
+                    await cur.execute(sql.query("job_insert_many"), batch.params())
+            except (errors.UndefinedTable, errors.UndefinedColumn):
+                raise schema_missing_on(conn) from None
         else:
             params = batch.params()
             params["notify"] = notify

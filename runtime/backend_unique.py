@@ -18,11 +18,11 @@ from typing import Any
 from uuid import UUID
 
 from psycopg import AsyncConnection
-from psycopg.rows import dict_row, tuple_row
+from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from taskq import sql
-from taskq.backend import UNIQUE_INSERT_TRIES, InsertedJob, JobBatch, JobInsert, row_to_job
+from taskq.backend import UNIQUE_INSERT_TRIES, InsertedJob, JobBatch, JobInsert, caller_cursor, row_to_job
 from taskq.exceptions import UniqueKeyContention
 from taskq.models import JobRow
 
@@ -46,8 +46,8 @@ async def insert_unique(
             if own:  # the pool's connections return tuples
                 cur = await target.execute(query, params)
                 written = await cur.fetchone()
-            else:  # the caller's connection may have a row factory of its own
-                async with target.cursor(row_factory=tuple_row) as tcur:
+            else:  # the caller's connection may have a row factory and cursor class of its own
+                async with caller_cursor(target) as tcur:
                     await tcur.execute(query, params)
                     written = await tcur.fetchone()
             if written is not None:
@@ -66,7 +66,7 @@ async def insert_unique(
 
 
 async def _holder(conn: AsyncConnection[Any], key: str | None) -> JobRow | None:
-    async with conn.cursor(row_factory=dict_row) as cur:
+    async with caller_cursor(conn, dict_row) as cur:
         await cur.execute(sql.query("job_unique_holder"), {"unique_key": key})
         row = await cur.fetchone()
     return row_to_job(row) if row else None
@@ -121,7 +121,7 @@ async def _on_conflict(
     written or has a holder."""
     skipped: dict[int, UUID] = {}
     for _ in range(UNIQUE_INSERT_TRIES):
-        cur = await conn.execute(sql.query("job_insert_many_unique"), _params(batch, rows, notify))
+        cur = await caller_cursor(conn).execute(sql.query("job_insert_many_unique"), _params(batch, rows, notify))
         row = await cur.fetchone()
         assert row is not None
         if row[0] == len(rows):
@@ -140,7 +140,7 @@ async def _resolve(
     keys = batch.unique_keys
     missing = [i for i in rows if batch.ids[i] not in written]
     wanted = sorted({k for i in missing if (k := keys[i]) is not None})
-    cur = await conn.execute(sql.query("job_unique_holders"), {"unique_keys": wanted})
+    cur = await caller_cursor(conn).execute(sql.query("job_unique_holders"), {"unique_keys": wanted})
     holders = {key: job_id for key, job_id in await cur.fetchall()}
     retry = []
     for i in missing:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Generic, Self
+from typing import Any, Generic, Self, cast
 from uuid import UUID
 
 from psycopg import AsyncConnection
@@ -297,8 +298,7 @@ class JobHandle(Generic[R]):
         """Poll every 0.5 s until the job is terminal. Returns the row if it succeeded; raises JobFailed
         (with `.row`) if it ended cancelled, failed, crashed or abandoned; TimeoutError after `timeout`."""
         client = self._require_client()
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             row = await client.backend.get(self.job_id)
             if row is None:
@@ -309,7 +309,7 @@ class JobHandle(Generic[R]):
             if row.is_terminal:
                 return row
             if deadline is not None:
-                remaining = deadline - loop.time()
+                remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError(f"job {self.job_id} still {row.status} after {timeout} s")
                 await asyncio.sleep(min(WAIT_POLL_INTERVAL, remaining))
@@ -321,7 +321,7 @@ class JobHandle(Generic[R]):
         if self.row is None:
             raise RuntimeError("no row read yet: await wait() or refresh() first")
         if self._result_adapter is None:
-            return self.row.result  # type: ignore[no-any-return]
+            return cast(R, self.row.result)
         return self._result_adapter.validate_python(self.row.result)
 
 

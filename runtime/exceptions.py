@@ -26,6 +26,12 @@ class DatabaseUnavailable(TaskqError, ConnectionError):
     """PostgreSQL could not be reached or refused the credentials. The DSN's password is never included."""
 
 
+class ConnectionUnusable(ConfigurationError):
+    """The connection given as `enqueue(..., connection=)` cannot take the job: not a connection of the
+    client's kind (sync for SyncJobsClient, async for JobsClient), closed, in a failed transaction, or to
+    another database than the client's. Raised before any statement: the caller's transaction is as it was."""
+
+
 class SchemaNotReady(TaskqError):
     """The database has no taskq schema, or misses migrations this code needs: run `taskq migrate`."""
 

@@ -1,5 +1,6 @@
 """Operator actions on queues: stats, pause, resume, limits. One function per action over a Backend,
-called alike by JobsClient, the CLI and (later) the sync client and the web API; each checks its input
+called alike by JobsClient, SyncJobsClient (generated from this module), the CLI and (later) the web API;
+each checks its input
 before any database work, so a bad value changes nothing."""
 
 from __future__ import annotations

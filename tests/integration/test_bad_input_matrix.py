@@ -14,6 +14,7 @@ is the overview. Print it with its observed outcomes: `pytest tests/integration/
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
@@ -153,6 +154,55 @@ async def client_call(env: Env, body: Callable[[JobsClient], Awaitable[Any]], ds
     except Exception as exc:
         return Outcome(type(exc).__name__, str(exc))
     return Outcome("accepted", repr(value))
+
+
+def caller_connection(env: Env, how: str) -> Outcome:
+    """enqueue(..., connection=) on the sync and the async face, with the caller's connection closed, in a
+    failed transaction, or to another database: both faces must raise the same error class and leave a
+    caller's open transaction usable (the other-database case goes on and commits its own row)."""
+    from taskq import SyncJobsClient
+
+    other = make_conninfo(env.dsn, dbname="postgres") if how == "other-database" else env.dsn
+    outcomes: list[Outcome] = []
+    with SyncJobsClient.connect(env.dsn, timeout=5.0) as client:
+        conn = psycopg.connect(other)
+        try:
+            if how == "closed":
+                conn.close()
+            elif how == "failed-transaction":
+                with contextlib.suppress(psycopg.errors.DivisionByZero):
+                    conn.execute("SELECT 1/0")
+            else:
+                conn.execute("SELECT 1")
+            try:
+                client.enqueue("matrix.x", 1, connection=conn)
+                outcomes.append(Outcome("accepted", ""))
+            except Exception as exc:
+                outcomes.append(Outcome(type(exc).__name__, str(exc)))
+            if how == "other-database":
+                conn.execute("SELECT 1")  # the caller's transaction is as it was
+        finally:
+            conn.close()
+
+    async def on_async_face() -> Outcome:
+        async with await JobsClient.connect(env.dsn, timeout=5.0) as aclient:
+            aconn = await psycopg.AsyncConnection.connect(other)
+            try:
+                if how == "closed":
+                    await aconn.close()
+                elif how == "failed-transaction":
+                    with contextlib.suppress(psycopg.errors.DivisionByZero):
+                        await aconn.execute("SELECT 1/0")
+                await aclient.enqueue_many("matrix.x", [1, 2], connection=aconn)
+            except Exception as exc:
+                return Outcome(type(exc).__name__, str(exc))
+            finally:
+                await aconn.close()
+        return Outcome("accepted", "")
+
+    outcomes.append(asyncio.run(on_async_face()))
+    assert outcomes[0].observed == outcomes[1].observed, outcomes
+    return outcomes[0]
 
 
 async def client_connect(env: Env, dsn: str | None = None) -> Outcome:
@@ -337,7 +387,8 @@ CASES: list[Case] = [
          "schedule name", lambda e: client_call(e, lambda c: c.pause_schedule(""))),
 
     Case("client-queue-limit-zero", "client", "set_queue_limits(concurrency=0)", "ConfigurationError",
-         "concurrency must be a whole number", lambda e: client_call(e, lambda c: c.set_queue_limits("seed", concurrency=0))),
+         "concurrency must be a whole number",
+         lambda e: client_call(e, lambda c: c.set_queue_limits("seed", concurrency=0))),
     Case("client-queue-limit-negative", "client", "set_queue_limits(concurrency_per_key=-2)", "ConfigurationError",
          "concurrency_per_key must be a whole number",
          lambda e: client_call(e, lambda c: c.set_queue_limits("seed", concurrency_per_key=-2))),
@@ -357,13 +408,20 @@ CASES: list[Case] = [
     Case("client-resume-unknown-queue", "client", "resume_queue('nope')", "QueueNotFound", "no queue named 'nope'",
          lambda e: client_call(e, lambda c: c.resume_queue("nope"))),
     Case("client-empty-concurrency-key", "client", "enqueue(concurrency_key='')", "ConfigurationError",
-         "concurrency_key must be 1-255", lambda e: client_call(e, lambda c: c.enqueue("matrix.x", 1, concurrency_key=""))),
+         "concurrency_key must be 1-255",
+         lambda e: client_call(e, lambda c: c.enqueue("matrix.x", 1, concurrency_key=""))),
     Case("actor-global-concurrency-zero", "client", "@actor(global_concurrency=0)", "ActorDefinitionError",
          "global_concurrency must be a whole number", lambda e: declare_actor(global_concurrency=0)),
     Case("actor-rate-period-nan", "client", "@actor(rate_limit=5, rate_period=NaN)", "ActorDefinitionError",
          "rate_period must be a finite number", lambda e: declare_actor(rate_limit=5, rate_period=float("nan"))),
     Case("actor-rate-without-period", "client", "@actor(rate_limit=5)", "ActorDefinitionError",
          "rate_limit and rate_period go together", lambda e: declare_actor(rate_limit=5)),
+    Case("client-connection-closed", "client", "enqueue(connection=) a closed connection (sync and async)",
+         "ConnectionUnusable", "is closed", lambda e: caller_connection(e, "closed")),
+    Case("client-connection-failed-transaction", "client", "connection= in a failed transaction (both faces)",
+         "ConnectionUnusable", "roll it back first", lambda e: caller_connection(e, "failed-transaction")),
+    Case("client-connection-other-database", "client", "connection= to another database (both faces)",
+         "ConnectionUnusable", "not to this client's", lambda e: caller_connection(e, "other-database")),
     Case("client-requeue-malformed-id", "client", f"requeue job id {INJECTION!r}", "ConfigurationError",
          "not a job id", lambda e: client_call(e, lambda c: c.requeue(INJECTION))),
     Case("client-requeue-zero-attempts", "client", "requeue(attempts=0)", "ConfigurationError",
@@ -441,7 +499,8 @@ CASES: list[Case] = [
     Case("cli-queue-resume-unknown", "cli", "queue resume nope", "exit 4", "no queue named 'nope'",
          lambda e: cli(e, "queue", "resume", "nope")),
     Case("cli-enqueue-empty-concurrency-key", "cli", "enqueue --concurrency-key ''", "exit 2",
-         "concurrency_key must be 1-255", lambda e: cli(e, "enqueue", "a.b", "--payload", "{}", "--concurrency-key", "")),
+         "concurrency_key must be 1-255",
+         lambda e: cli(e, "enqueue", "a.b", "--payload", "{}", "--concurrency-key", "")),
     Case("cli-worker-app-bad-schedule", "cli", "taskq worker APP declaring cron '61 25 * * *'", "exit 10",
          "invalid cron expression", lambda e: worker_cli(e, "taskq_bad_schedule_app:app")),
     Case("cli-worker-app-missing-module", "cli", "taskq worker no_such_module:actors", "exit 10", "cannot import",

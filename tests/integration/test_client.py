@@ -10,6 +10,7 @@ from uuid import UUID, uuid4
 
 import psycopg
 import pytest
+from faces import FACES, client_of
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 from pydantic import BaseModel, TypeAdapter
@@ -37,9 +38,18 @@ async def resize(payload: Image) -> Thumb:
     return Thumb(url=payload.url, size=payload.width // 2)
 
 
+@pytest.fixture(params=FACES)
+async def jobs(dsn: str, request: pytest.FixtureRequest) -> AsyncIterator[JobsClient]:
+    """A client whose registry knows `resize` (the shared `client` fixture uses the default registry): the
+    async one, and the sync one seen through tests/faces.py, so every case runs on both faces."""
+    async with client_of(request.param, dsn, registry=registry) as c:
+        yield c
+
+
 @pytest.fixture
-async def jobs(dsn: str) -> AsyncIterator[JobsClient]:
-    """A client whose registry knows `resize` (the shared `client` fixture uses the default registry)."""
+async def async_jobs(dsn: str) -> AsyncIterator[JobsClient]:
+    """The async client only: for the cases that hand it an AsyncConnection (the sync face's own are in
+    test_sync_client.py)."""
     async with await JobsClient.connect(dsn, registry=registry) as c:
         yield c
 
@@ -238,45 +248,45 @@ async def own_conn(dsn: str) -> AsyncIterator[AsyncConnection[Any]]:
 
 
 async def test_enqueue_in_an_open_transaction_is_invisible_to_others_until_commit(
-    jobs: JobsClient, own_conn: AsyncConnection[Any], raw: AsyncConnection[Any]
+    async_jobs: JobsClient, own_conn: AsyncConnection[Any], raw: AsyncConnection[Any]
 ) -> None:
-    handle = await jobs.enqueue(resize, {"url": "u", "width": 1}, connection=own_conn)
+    handle = await async_jobs.enqueue(resize, {"url": "u", "width": 1}, connection=own_conn)
     assert own_conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
-    assert await jobs.get(handle.job_id) is None
+    assert await async_jobs.get(handle.job_id) is None
     assert await _count(raw) == 0
     await own_conn.commit()
-    fetched = await jobs.get(handle.job_id)
+    fetched = await async_jobs.get(handle.job_id)
     assert fetched is not None and fetched.row is not None
     assert fetched.row.status is JobStatus.PENDING
 
 
 async def test_enqueue_in_a_rolled_back_transaction_leaves_no_row(
-    jobs: JobsClient, own_conn: AsyncConnection[Any], raw: AsyncConnection[Any]
+    async_jobs: JobsClient, own_conn: AsyncConnection[Any], raw: AsyncConnection[Any]
 ) -> None:
     await own_conn.execute("SELECT 1")  # the application's own work, already in the transaction
-    handle = await jobs.enqueue(resize, {"url": "u", "width": 1}, connection=own_conn)
-    many = await jobs.enqueue_many("x", [1, 2], connection=own_conn)
+    handle = await async_jobs.enqueue(resize, {"url": "u", "width": 1}, connection=own_conn)
+    many = await async_jobs.enqueue_many("x", [1, 2], connection=own_conn)
     await own_conn.rollback()
-    assert await jobs.get(handle.job_id) is None
-    assert all([await jobs.get(h.job_id) is None for h in many])
+    assert await async_jobs.get(handle.job_id) is None
+    assert all([await async_jobs.get(h.job_id) is None for h in many])
     assert await _count(raw) == 0
 
 
 async def test_enqueue_many_in_an_open_transaction_commits_with_it(
-    jobs: JobsClient, own_conn: AsyncConnection[Any], raw: AsyncConnection[Any]
+    async_jobs: JobsClient, own_conn: AsyncConnection[Any], raw: AsyncConnection[Any]
 ) -> None:
     async with own_conn.transaction():
-        await jobs.enqueue_many("x", list(range(7)), connection=own_conn, chunk_size=3)
+        await async_jobs.enqueue_many("x", list(range(7)), connection=own_conn, chunk_size=3)
         assert await _count(raw) == 0
     assert await _count(raw) == 7
 
 
 async def test_transactional_enqueue_works_on_a_connection_with_its_own_row_factory(
-    jobs: JobsClient, dsn: str, raw: AsyncConnection[Any]
+    async_jobs: JobsClient, dsn: str, raw: AsyncConnection[Any]
 ) -> None:
     async with await psycopg.AsyncConnection.connect(dsn, row_factory=dict_row) as conn:
-        handle = await jobs.enqueue(resize, {"url": "u", "width": 1}, connection=conn)
-        await jobs.enqueue_many(resize, [{"url": "v", "width": 2}], connection=conn)
+        handle = await async_jobs.enqueue(resize, {"url": "u", "width": 1}, connection=conn)
+        await async_jobs.enqueue_many(resize, [{"url": "v", "width": 2}], connection=conn)
         await conn.commit()
     assert handle.row is not None and handle.row.status is JobStatus.PENDING
     assert await _count(raw) == 2
@@ -381,10 +391,10 @@ async def test_enqueue_many_notifies_once_per_queue(jobs: JobsClient, listener: 
 
 
 async def test_transactional_enqueue_notifies_only_at_commit(
-    jobs: JobsClient, own_conn: AsyncConnection[Any], listener: AsyncConnection[Any]
+    async_jobs: JobsClient, own_conn: AsyncConnection[Any], listener: AsyncConnection[Any]
 ) -> None:
-    await jobs.enqueue("x", None, queue="in-tx", connection=own_conn)
-    await jobs.enqueue("x", None, queue="outside")
+    await async_jobs.enqueue("x", None, queue="in-tx", connection=own_conn)
+    await async_jobs.enqueue("x", None, queue="outside")
     assert await _next_notifications(listener, 1) == [("taskq_jobs", "outside")]
     await own_conn.commit()
     assert await _next_notifications(listener, 1) == [("taskq_jobs", "in-tx")]

@@ -10,6 +10,7 @@ from uuid import uuid4
 
 import psycopg
 import pytest
+from faces import FACES, client_of
 from psycopg import AsyncConnection
 from pydantic import BaseModel, ValidationError
 
@@ -37,9 +38,10 @@ async def echo(payload: str) -> str:
     return payload
 
 
-@pytest.fixture
-async def jobs(dsn: str) -> AsyncIterator[JobsClient]:
-    async with await JobsClient.connect(dsn, registry=registry) as c:
+@pytest.fixture(params=FACES)
+async def jobs(dsn: str, request: pytest.FixtureRequest) -> AsyncIterator[JobsClient]:
+    """The async client, and the sync one seen through tests/faces.py: every case runs on both faces."""
+    async with client_of(request.param, dsn, registry=registry) as c:
         yield c
 
 

@@ -144,13 +144,13 @@ async def test_a_queue_limit_caps_one_worker_and_taskq_job_explains_the_wait(dsn
         await wait_for(lambda: _count_is(running(dsn, "mail"), 3))
         gate.set()
         for h in handles:
-            await wait_for(lambda h=h: _status(client, h.job_id, JobStatus.SUCCEEDED))  # type: ignore[misc]
+            await wait_for(lambda h=h: _status(client, h.job_id, JobStatus.SUCCEEDED))
     attempts = await fetch(dsn, "SELECT count(*), max(attempt) FROM taskq.jobs WHERE queue = 'mail'")
     assert attempts == [(5, 1)]  # waiting for a slot spent no attempt
 
 
 async def _count_is(value: Any, expected: int) -> bool:
-    return await value == expected
+    return bool(await value == expected)
 
 
 async def test_an_actor_limit_is_written_by_its_worker_and_holds(dsn: str, client: JobsClient) -> None:
@@ -165,7 +165,7 @@ async def test_an_actor_limit_is_written_by_its_worker_and_holds(dsn: str, clien
         assert "waiting for a concurrency slot of actor qci.limited (2/2 in use)" in shown.stdout
         gate.set()
         for h in handles:
-            await wait_for(lambda h=h: _status(client, h.job_id, JobStatus.SUCCEEDED))  # type: ignore[misc]
+            await wait_for(lambda h=h: _status(client, h.job_id, JobStatus.SUCCEEDED))
 
 
 async def test_cli_queues_pause_resume_and_limit(dsn: str, client: JobsClient) -> None:

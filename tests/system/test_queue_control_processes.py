@@ -59,7 +59,7 @@ class Sampler:
     def _run(self) -> None:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             while not self._stop.is_set():
-                row = conn.execute(self.sql, self.params).fetchone()  # type: ignore[arg-type]
+                row = conn.execute(self.sql, self.params).fetchone()
                 values = [int(v or 0) for v in (row or ())]
                 if self.highest:
                     values = [max(a, b) for a, b in zip(self.highest, values, strict=True)]
