@@ -9,10 +9,12 @@ import os
 import subprocess
 import sys
 from datetime import timedelta
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
 import pytest
+from faces import FACES, client_of
 from testkit import running_worker, wait_for
 
 from taskq import JobContext
@@ -22,7 +24,10 @@ from taskq.exceptions import QueueNotFound
 from taskq.models import JobStatus, QueueLimits
 from taskq.worker.store import WorkerStore
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(180)
+
+# leases long enough that a loaded machine cannot take a job away mid-test (nothing here tests leases)
+SLOW_LEASES = {"lock_timeout": 15.0, "heartbeat_interval": 1.0}
 
 registry = ActorRegistry()
 gate = asyncio.Event()
@@ -68,14 +73,23 @@ def closed_gate() -> None:
     gate = asyncio.Event()  # an Event binds to the loop of its first wait: one per test
 
 
-async def test_queue_stats_count_each_state_and_show_pause_and_limits(dsn: str, client: JobsClient) -> None:
+@pytest.fixture(params=FACES)
+async def any_client(request: pytest.FixtureRequest, dsn: str) -> AsyncIterator[JobsClient]:
+    """The async client, or the sync one seen through tests/faces.py: both faces run each case."""
+    async with client_of(request.param, dsn) as c:
+        yield c
+
+
+async def test_queue_stats_count_each_state_and_show_pause_and_limits(dsn: str, any_client: JobsClient) -> None:
+    client = any_client
     for i in range(3):
         await client.enqueue("x.a", i, queue="mail")
     await client.enqueue("x.a", 9, queue="mail", scheduled_at=timedelta(hours=1))
     await client.enqueue("x.a", 1, queue="bulk")
-    store = WorkerStore(client.backend, "w-stats")
-    await store.register(["mail"], 1, 30)
-    (claimed,) = await store.claim(["mail"], 1, 30)
+    async with await JobsClient.connect(dsn) as claimer:
+        store = WorkerStore(claimer.backend, "w-stats")
+        await store.register(["mail"], 1, 30)
+        (claimed,) = await store.claim(["mail"], 1, 30)
     failed = await client.enqueue("x.a", 2, queue="mail")
     await fetch(dsn, "UPDATE taskq.jobs SET status = 'failed', finished_at = now() WHERE id = %s", failed.job_id)
     await client.set_queue_limits("mail", concurrency=5, rate_limit=100, rate_period=60)
@@ -92,7 +106,8 @@ async def test_queue_stats_count_each_state_and_show_pause_and_limits(dsn: str, 
     assert claimed.queue == "mail"
 
 
-async def test_pause_is_stored_with_events_and_resume_reports_what_changed(dsn: str, client: JobsClient) -> None:
+async def test_pause_is_stored_with_events_and_resume_reports_what_changed(dsn: str, any_client: JobsClient) -> None:
+    client = any_client
     await client.enqueue("x.a", 1, queue="mail")
     first = await client.pause_queue("mail", reason="incident 7", by="alice")
     again = await client.pause_queue("mail", reason="incident 7", by="alice")
@@ -108,9 +123,9 @@ async def test_pause_is_stored_with_events_and_resume_reports_what_changed(dsn: 
 
 async def test_a_running_worker_stops_claiming_at_pause_and_resumes_at_once(dsn: str, client: JobsClient) -> None:
     gate.set()
-    async with running_worker(dsn, registry, queues=["mail"], concurrency=4, poll_interval=30.0):
+    async with running_worker(dsn, registry, queues=["mail"], concurrency=4, poll_interval=30.0, **SLOW_LEASES):
         first = await client.enqueue(quick, 1)
-        await wait_for(lambda: _status(client, first.job_id, JobStatus.SUCCEEDED))
+        await wait_for(lambda: _status(client, first.job_id, JobStatus.SUCCEEDED), timeout=30)
         await client.pause_queue("mail", reason="test")
         held = await client.enqueue(quick, 2)  # enqueue still works; the NOTIFY wakes the worker for nothing
         await asyncio.sleep(0)
@@ -118,7 +133,7 @@ async def test_a_running_worker_stops_claiming_at_pause_and_resumes_at_once(dsn:
         assert row is not None and row.row is not None and row.row.status is JobStatus.PENDING
         # the worker polls every 30 s here: only the resume NOTIFY can start the job this soon
         await client.resume_queue("mail")
-        await wait_for(lambda: _status(client, held.job_id, JobStatus.SUCCEEDED), timeout=10)
+        await wait_for(lambda: _status(client, held.job_id, JobStatus.SUCCEEDED), timeout=20)
         assert (await client.get(held.job_id)).row.attempt == 1  # type: ignore[union-attr]
 
 
@@ -130,8 +145,8 @@ async def _status(client: JobsClient, job_id: Any, status: JobStatus) -> bool:
 async def test_a_queue_limit_caps_one_worker_and_taskq_job_explains_the_wait(dsn: str, client: JobsClient) -> None:
     await client.set_queue_limits("mail", concurrency=2)
     handles = [await client.enqueue(wait_gate, i) for i in range(5)]
-    async with running_worker(dsn, registry, queues=["mail"], concurrency=10):
-        await wait_for(lambda: _count_is(running(dsn, "mail"), 2))
+    async with running_worker(dsn, registry, queues=["mail"], concurrency=10, **SLOW_LEASES):
+        await wait_for(lambda: _count_is(running(dsn, "mail"), 2), timeout=30)
         waiting = [h for h in handles if (await client.get(h.job_id)).row.status is JobStatus.PENDING]  # type: ignore[union-attr]
         assert len(waiting) == 3
         shown = cli(dsn, "job", str(waiting[0].job_id))
@@ -141,10 +156,10 @@ async def test_a_queue_limit_caps_one_worker_and_taskq_job_explains_the_wait(dsn
         assert as_json["waiting"] == "waiting for a concurrency slot of queue mail (2/2 in use)"
         # raising the limit is heard at once (NOTIFY), and the worker takes one more
         await client.set_queue_limits("mail", concurrency=3)
-        await wait_for(lambda: _count_is(running(dsn, "mail"), 3))
+        await wait_for(lambda: _count_is(running(dsn, "mail"), 3), timeout=30)
         gate.set()
         for h in handles:
-            await wait_for(lambda h=h: _status(client, h.job_id, JobStatus.SUCCEEDED))
+            await wait_for(lambda h=h: _status(client, h.job_id, JobStatus.SUCCEEDED), timeout=30)
     attempts = await fetch(dsn, "SELECT count(*), max(attempt) FROM taskq.jobs WHERE queue = 'mail'")
     assert attempts == [(5, 1)]  # waiting for a slot spent no attempt
 
@@ -155,8 +170,8 @@ async def _count_is(value: Any, expected: int) -> bool:
 
 async def test_an_actor_limit_is_written_by_its_worker_and_holds(dsn: str, client: JobsClient) -> None:
     handles = [await client.enqueue(limited, i) for i in range(4)]
-    async with running_worker(dsn, registry, queues=["other"], concurrency=10):
-        await wait_for(lambda: _count_is(running(dsn, "other"), 2))
+    async with running_worker(dsn, registry, queues=["other"], concurrency=10, **SLOW_LEASES):
+        await wait_for(lambda: _count_is(running(dsn, "other"), 2), timeout=30)
         stored = await fetch(dsn, "SELECT actor, global_concurrency FROM taskq.actor_limits")
         assert stored == [("qci.limited", 2)]
         report = await client.queue_stats()
@@ -165,7 +180,7 @@ async def test_an_actor_limit_is_written_by_its_worker_and_holds(dsn: str, clien
         assert "waiting for a concurrency slot of actor qci.limited (2/2 in use)" in shown.stdout
         gate.set()
         for h in handles:
-            await wait_for(lambda h=h: _status(client, h.job_id, JobStatus.SUCCEEDED))
+            await wait_for(lambda h=h: _status(client, h.job_id, JobStatus.SUCCEEDED), timeout=30)
 
 
 async def test_cli_queues_pause_resume_and_limit(dsn: str, client: JobsClient) -> None:

@@ -93,7 +93,7 @@ def fleet(spawn_worker: Any) -> Iterator[Callable[..., list[Any]]]:
 
 def test_queue_limit_of_3_holds_across_4_workers_of_20_and_every_job_runs_once(dsn: str, fleet: Any) -> None:
     set_limits(dsn, "limited", concurrency=3)
-    insert_jobs(dsn, "qc.short", "limited", 0.002, 2000)
+    insert_jobs(dsn, "qc.short", "limited", 0.01, 2000)  # 10 ms: an overshoot would last long enough to be seen
     with Sampler(dsn, "SELECT count(*) FROM taskq.jobs WHERE queue = 'limited' AND status = 'running'") as s:
         fleet(4, queues=["limited"], concurrency=20)
         wait_until(lambda: count(dsn, "SELECT count(*) FROM taskq.jobs WHERE status = 'succeeded'") == 2000,
