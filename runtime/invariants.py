@@ -29,6 +29,7 @@ INVARIANTS: dict[str, str] = {
     "inv_unique_key_single_holder": "at most one non-terminal (or retained) job per unique key",
     "inv_snoozes_counted": "every snooze counted on the row, in the timeline and in the attempts",
     "inv_claims_monotonic": "attempt and claim_epoch rise with every claim (through snoozes and requeues)",
+    "inv_global_limit": "no global concurrency limit (queue, actor, per key) is exceeded now",
 }
 
 

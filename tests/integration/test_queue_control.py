@@ -21,6 +21,7 @@ from taskq import JobContext
 from taskq.actors.declaration import ActorRegistry, actor
 from taskq.client import JobsClient
 from taskq.exceptions import QueueNotFound
+from taskq.invariants import check_invariants
 from taskq.models import JobStatus, QueueLimits
 from taskq.worker.store import WorkerStore
 
@@ -154,6 +155,10 @@ async def test_a_queue_limit_caps_one_worker_and_taskq_job_explains_the_wait(dsn
         assert "waiting for a concurrency slot of queue mail (2/2 in use)" in shown.stdout
         as_json = json.loads(cli(dsn, "job", str(waiting[0].job_id), "--json").stdout)
         assert as_json["waiting"] == "waiting for a concurrency slot of queue mail (2/2 in use)"
+        assert await limit_violations(dsn) == []
+        # the invariant checker sees a limit below what runs (an operator lowered it: nothing is stopped)
+        await client.set_queue_limits("mail", concurrency=1)
+        assert await limit_violations(dsn) == ["queue mail: 2 running, limit 1"]
         # raising the limit is heard at once (NOTIFY), and the worker takes one more
         await client.set_queue_limits("mail", concurrency=3)
         await wait_for(lambda: _count_is(running(dsn, "mail"), 3), timeout=30)
@@ -162,6 +167,12 @@ async def test_a_queue_limit_caps_one_worker_and_taskq_job_explains_the_wait(dsn
             await wait_for(lambda h=h: _status(client, h.job_id, JobStatus.SUCCEEDED), timeout=30)
     attempts = await fetch(dsn, "SELECT count(*), max(attempt) FROM taskq.jobs WHERE queue = 'mail'")
     assert attempts == [(5, 1)]  # waiting for a slot spent no attempt
+
+
+async def limit_violations(dsn: str) -> list[str]:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        report = await check_invariants(conn)
+    return [v.detail for v in report.violations if v.invariant == "inv_global_limit"]
 
 
 async def _count_is(value: Any, expected: int) -> bool:
