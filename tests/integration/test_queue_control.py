@@ -8,13 +8,14 @@ import json
 import os
 import subprocess
 import sys
-from datetime import timedelta
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
 from faces import FACES, client_of
+from prometheus_client import REGISTRY
 from testkit import running_worker, wait_for
 
 from taskq import JobContext
@@ -129,12 +130,15 @@ async def test_a_running_worker_stops_claiming_at_pause_and_resumes_at_once(dsn:
         await wait_for(lambda: _status(client, first.job_id, JobStatus.SUCCEEDED), timeout=30)
         await client.pause_queue("mail", reason="test")
         held = await client.enqueue(quick, 2)  # enqueue still works; the NOTIFY wakes the worker for nothing
+        # the worker's metrics show the pause once it has read it (the pause's NOTIFY made it read again)
+        await wait_for(lambda: REGISTRY.get_sample_value("taskq_queue_paused", {"queue": "mail"}) == 1, timeout=20)
         await asyncio.sleep(0)
         row = await client.get(held.job_id)
         assert row is not None and row.row is not None and row.row.status is JobStatus.PENDING
         # the worker polls every 30 s here: only the resume NOTIFY can start the job this soon
         await client.resume_queue("mail")
         await wait_for(lambda: _status(client, held.job_id, JobStatus.SUCCEEDED), timeout=20)
+        assert REGISTRY.get_sample_value("taskq_queue_paused", {"queue": "mail"}) == 0
         assert (await client.get(held.job_id)).row.attempt == 1  # type: ignore[union-attr]
 
 
@@ -162,6 +166,7 @@ async def test_a_queue_limit_caps_one_worker_and_taskq_job_explains_the_wait(dsn
         # raising the limit is heard at once (NOTIFY), and the worker takes one more
         await client.set_queue_limits("mail", concurrency=3)
         await wait_for(lambda: _count_is(running(dsn, "mail"), 3), timeout=30)
+        assert REGISTRY.get_sample_value("taskq_queue_limit", {"queue": "mail", "limit": "concurrency"}) == 3
         gate.set()
         for h in handles:
             await wait_for(lambda h=h: _status(client, h.job_id, JobStatus.SUCCEEDED), timeout=30)
