@@ -649,7 +649,8 @@ SELECT (SELECT count(*) FROM taskq.jobs),
        (SELECT md5(string_agg(m.version || m.name || m.checksum, '|' ORDER BY m.version))
         FROM taskq.schema_migrations m),
        (SELECT md5(coalesce(string_agg(s::text, '|' ORDER BY s.name), '')) FROM taskq.schedules s),
-       (SELECT md5(coalesce(string_agg(q::text, '|' ORDER BY q.name), '')) FROM taskq.queues q),
+       -- a worker may register a queue (its row, first use); no case may pause or limit one
+       (SELECT md5(coalesce(string_agg(q::text, '|' ORDER BY q.name), '')) FROM taskq.queues q WHERE q.controlled),
        (SELECT md5(coalesce(string_agg(a::text, '|' ORDER BY a.actor), '')) FROM taskq.actor_limits a),
        (SELECT count(*) FROM taskq.queue_events)
 """
