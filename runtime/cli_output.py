@@ -133,7 +133,7 @@ def job_detail(row: JobRow, events: Sequence[JobEvent], attempts: Sequence[JobAt
         ("priority", str(row.priority)),
         ("tags", ", ".join(row.tags) or NONE),
         ("unique key", f"{row.unique_key} (scope {row.unique_scope})" if row.unique_key else NONE),
-        ("concurrency key", row.concurrency_key or NONE),
+        ("limit key", row.concurrency_key or NONE),  # concurrency_key, for per-key limits
         ("requeues", str(row.requeue_count)),
         ("created", when(row.created_at)),
         ("scheduled", when(row.scheduled_at)),
