@@ -74,7 +74,11 @@ ALTER TABLE taskq.jobs ADD COLUMN concurrency_key text
 -- One index, not one per scope: each claim pays one more index entry per job (a claim is never a HOT
 -- update). An actor's count reads the running rows of every queue from it: as many as run at once,
 -- never the backlog (PostgreSQL 18 skips through it by queue).
-CREATE INDEX jobs_running_scope_idx ON taskq.jobs (queue, actor, concurrency_key) WHERE status = 'running';
+-- `queue IS NOT NULL` (always true: the column is NOT NULL) keeps the index to the statements that say
+-- so or compare queue: with `status = 'running'` alone, the planner took it for the heartbeat's cancel
+-- poll (every running row of every worker, instead of jobs_cancel_held_idx's few).
+CREATE INDEX jobs_running_scope_idx ON taskq.jobs (queue, actor, concurrency_key)
+    WHERE status = 'running' AND queue IS NOT NULL;
 -- the waiting rows of a limited actor in one queue, in claim order (the limited claim's scan)
 CREATE INDEX jobs_claim_actor_idx ON taskq.jobs (actor, queue, priority, scheduled_at, id)
     WHERE status IN ('pending', 'scheduled');

@@ -72,7 +72,7 @@ WITH waiting AS (
     FROM taskq.jobs WHERE status IN ('pending', 'scheduled')
     GROUP BY queue
 ), running AS (
-    SELECT queue, count(*) AS running FROM taskq.jobs WHERE status = 'running' GROUP BY queue
+    SELECT queue, count(*) AS running FROM taskq.jobs WHERE status = 'running' AND queue IS NOT NULL GROUP BY queue
 ), awaiting AS (
     SELECT queue, count(*) AS awaiting FROM taskq.jobs WHERE status = 'awaiting_parents' GROUP BY queue
 ), failed AS (
@@ -114,7 +114,8 @@ ORDER BY n.name;
 -- The actor limits in force, with each actor's running rows (jobs_running_scope_idx).
 SELECT a.actor, a.global_concurrency, a.concurrency_per_key, a.rate_limit, a.rate_period, a.declared_by,
        a.updated_at,
-       (SELECT count(*) FROM taskq.jobs AS j WHERE j.status = 'running' AND j.actor = a.actor) AS running
+       (SELECT count(*) FROM taskq.jobs AS j
+        WHERE j.status = 'running' AND j.queue IS NOT NULL AND j.actor = a.actor) AS running
 FROM taskq.actor_limits AS a
 ORDER BY a.actor;
 
@@ -137,9 +138,11 @@ SELECT j.status, j.queue, j.actor, j.concurrency_key, j.scheduled_at <= now() AS
           AND s.started_at > clock_timestamp() - q.rate_period * interval '1 second') AS queue_starts,
        a.global_concurrency AS actor_concurrency, a.concurrency_per_key AS actor_per_key,
        a.rate_limit AS actor_rate, a.rate_period AS actor_period,
-       (SELECT count(*) FROM taskq.jobs AS r WHERE r.status = 'running' AND r.actor = j.actor) AS actor_running,
        (SELECT count(*) FROM taskq.jobs AS r
-        WHERE r.status = 'running' AND r.actor = j.actor AND r.concurrency_key = j.concurrency_key) AS actor_key_running,
+        WHERE r.status = 'running' AND r.queue IS NOT NULL AND r.actor = j.actor) AS actor_running,
+       (SELECT count(*) FROM taskq.jobs AS r
+        WHERE r.status = 'running' AND r.queue IS NOT NULL AND r.actor = j.actor
+          AND r.concurrency_key = j.concurrency_key) AS actor_key_running,
        (SELECT count(*) FROM taskq.rate_starts AS s
         WHERE s.scope = 'actor:' || j.actor
           AND s.started_at > clock_timestamp() - a.rate_period * interval '1 second') AS actor_starts

@@ -157,7 +157,8 @@ WITH clock AS MATERIALIZED (
 ), al AS MATERIALIZED (
     SELECT a.actor, a.concurrency_per_key AS per_key, a.rate_limit, a.rate_period,
            least(CASE WHEN a.global_concurrency IS NOT NULL THEN a.global_concurrency
-                     - (SELECT count(*) FROM taskq.jobs AS j WHERE j.status = 'running' AND j.actor = a.actor) END,
+                     - (SELECT count(*) FROM taskq.jobs AS j
+                        WHERE j.status = 'running' AND j.queue IS NOT NULL AND j.actor = a.actor) END,
                  CASE WHEN a.rate_limit IS NOT NULL THEN a.rate_limit
                      - (SELECT count(*) FROM taskq.rate_starts AS r, clock
                         WHERE r.scope = 'actor:' || a.actor
@@ -171,7 +172,8 @@ WITH clock AS MATERIALIZED (
     GROUP BY j.queue, j.concurrency_key
 ), ak AS MATERIALIZED (
     SELECT j.actor, j.concurrency_key, count(*) AS n
-    FROM al JOIN taskq.jobs AS j ON j.actor = al.actor AND j.status = 'running' AND j.concurrency_key IS NOT NULL
+    FROM al JOIN taskq.jobs AS j
+         ON j.actor = al.actor AND j.status = 'running' AND j.queue IS NOT NULL AND j.concurrency_key IS NOT NULL
     WHERE al.per_key IS NOT NULL
     GROUP BY j.actor, j.concurrency_key
 ), full_actors AS MATERIALIZED (
