@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 from pydantic import TypeAdapter
 
 from taskq.exceptions import ActorDefinitionError, NonRetryableError, PayloadInvalid, ScheduleDefinitionError
+from taskq.models import QueueLimits
 
 if TYPE_CHECKING:
     from taskq.schedules import Schedule
@@ -86,6 +87,20 @@ class Actor(Generic[P, R]):
     idempotent: bool = True
     """False: an attempt whose effect is unknown (its worker crashed or lost the lease, or a shutdown had
     to force it) is never re-run automatically; the job ends crashed for an operator to requeue."""
+    global_concurrency: int | None = None
+    """At most this many jobs of the actor running at once across the whole fleet."""
+    concurrency_per_key: int | None = None
+    """At most this many jobs of the actor running at once per `concurrency_key` (jobs without one are
+    not limited by it)."""
+    rate_limit: int | None = None
+    """At most this many starts of the actor's jobs per `rate_period` seconds across the fleet."""
+    rate_period: float | None = None
+
+    @property
+    def limits(self) -> QueueLimits:
+        """The fleet-wide limits the actor declares (its workers write them to taskq.actor_limits)."""
+        return QueueLimits(concurrency=self.global_concurrency, concurrency_per_key=self.concurrency_per_key,
+                           rate_limit=self.rate_limit, rate_period=self.rate_period)
 
     def validate_payload(self, payload: Any) -> P:
         """The payload as the actor's type; raises PayloadInvalid naming the failing fields."""
@@ -218,6 +233,17 @@ def _check_seconds(name: str, value: float | None, *, allow_none: bool = True) -
         raise ActorDefinitionError(f"{name} must be a finite number of seconds > 0, got {value!r}")
 
 
+def _check_limits(global_concurrency: Any, concurrency_per_key: Any, rate_limit: Any, rate_period: Any) -> None:
+    for limit_name, value in (("global_concurrency", global_concurrency),
+                              ("concurrency_per_key", concurrency_per_key), ("rate_limit", rate_limit)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**31):
+            raise ActorDefinitionError(f"{limit_name} must be a whole number between 1 and {2**31 - 1}, got {value!r}")
+    if (rate_limit is None) != (rate_period is None):
+        raise ActorDefinitionError("rate_limit and rate_period go together: N starts per rate_period seconds")
+    if rate_period is not None:
+        _check_seconds("rate_period", rate_period)
+
+
 @overload
 def actor(fn: Callable[..., Any], /) -> Actor[Any, Any]: ...
 @overload
@@ -238,6 +264,10 @@ def actor(
     on_cancel_timeout: float = ...,
     hook_timeout: float = ...,
     idempotent: bool = ...,
+    global_concurrency: int | None = ...,
+    concurrency_per_key: int | None = ...,
+    rate_limit: int | None = ...,
+    rate_period: float | None = ...,
     registry: ActorRegistry | None = ...,
 ) -> Callable[[Callable[..., Any]], Actor[Any, Any]]: ...
 
@@ -261,11 +291,19 @@ def actor(
     on_cancel_timeout: float = 3.0,
     hook_timeout: float = 3.0,
     idempotent: bool = True,
+    global_concurrency: int | None = None,
+    concurrency_per_key: int | None = None,
+    rate_limit: int | None = None,
+    rate_period: float | None = None,
     registry: ActorRegistry | None = None,
 ) -> Actor[Any, Any] | Callable[[Callable[..., Any]], Actor[Any, Any]]:
     """Declare a job handler. `async def` runs on the worker's event loop; a plain `def` runs in a
     thread unless `isolation="process"`. The first parameter's annotation is the payload type, the
-    return annotation the result type (anything a pydantic TypeAdapter accepts)."""
+    return annotation the result type (anything a pydantic TypeAdapter accepts).
+
+    Fleet-wide limits (enforced in the claim, across every worker and host): `global_concurrency` jobs
+    running at once, `concurrency_per_key` per `concurrency_key` given at enqueue, `rate_limit` starts
+    per `rate_period` seconds. A job that waits for a limit spends no attempt."""
 
     def decorate(func: Callable[..., Any]) -> Actor[Any, Any]:
         if isinstance(func, Actor):
@@ -295,6 +333,7 @@ def actor(
             raise ActorDefinitionError(f"priority must be a 32-bit int, got {priority!r}")
         if not isinstance(idempotent, bool):
             raise ActorDefinitionError(f"idempotent must be True or False, got {idempotent!r}")
+        _check_limits(global_concurrency, concurrency_per_key, rate_limit, rate_period)
         _check_seconds("timeout", timeout)
         _check_seconds("schedule_to_close", schedule_to_close)
         _check_seconds("on_cancel_timeout", on_cancel_timeout, allow_none=False)
@@ -329,6 +368,10 @@ def actor(
             result_adapter=result_adapter,
             takes_context=takes_context,
             idempotent=idempotent,
+            global_concurrency=global_concurrency,
+            concurrency_per_key=concurrency_per_key,
+            rate_limit=rate_limit,
+            rate_period=float(rate_period) if rate_period is not None else None,
         )
         (registry if registry is not None else default_registry).register(declared)
         return declared

@@ -64,7 +64,7 @@ def statements() -> dict[str, tuple[str, bool]]:
 def params(batch: bool, notify: bool) -> dict[str, Any]:
     common = {"actor": "bench.notify", "queue": "default", "priority": 0, "tags": [], "max_attempts": 3,
               "scheduled_at": None, "schedule_to_close": None, "parent_id": None, "notify": notify,
-              "idempotent": True}
+              "idempotent": True, "concurrency_key": None}
     if batch:
         return common | {"ids": [uuid.uuid4() for _ in range(BATCH)], "payloads": ["{}"] * BATCH}
     return common | {"id": uuid.uuid4(), "payload": "{}"}

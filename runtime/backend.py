@@ -132,10 +132,12 @@ class JobOptions:
     idempotent: bool = True
     trace_context: str | None = None
     """JSON text of the W3C trace context of the enqueue (taskq.tracing), or None."""
+    concurrency_key: str | None = None
 
     def params(self) -> dict[str, Any]:
         return {
             "idempotent": self.idempotent,
+            "concurrency_key": self.concurrency_key,
             "actor": self.actor,
             "queue": self.queue,
             "priority": self.priority,
@@ -282,6 +284,7 @@ class InsertedJob:
                 idempotent=opts.idempotent,
                 revision=1,
                 trace_context=from_json(opts.trace_context) if opts.trace_context is not None else None,
+                concurrency_key=opts.concurrency_key,
             )
         )
 

@@ -52,7 +52,18 @@ import psycopg
 from psycopg_pool import PoolTimeout
 from pydantic import ValidationError
 
-from taskq import cli_dependencies, cli_lifecycle, cli_output, cli_prune, cli_schedules, cli_tokens, cli_web, sql
+from taskq import (
+    cli_dependencies,
+    cli_lifecycle,
+    cli_output,
+    cli_prune,
+    cli_queues,
+    cli_schedules,
+    cli_tokens,
+    cli_web,
+    queues,
+    sql,
+)
 from taskq.actors.declaration import default_registry
 from taskq.checks import check_reason
 from taskq.cli_args import int_arg, job_id_arg, seconds_arg, when_arg
@@ -66,6 +77,7 @@ from taskq.exceptions import (
     DependencyNotFound,
     EmbeddedUnavailable,
     PayloadInvalid,
+    QueueNotFound,
     ScheduleNotFound,
     SchemaNotReady,
     SchemaTooNew,
@@ -271,6 +283,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         "schedule_to_close": args.schedule_to_close,
         "unique_key": args.unique_key,
         "unique_scope": args.unique_scope,
+        "concurrency_key": args.concurrency_key,
     }
     # every check enqueue makes, before touching the database: a bad value is a usage error even offline
     prepare_insert(
@@ -345,11 +358,13 @@ def cmd_job(args: argparse.Namespace) -> int:
         events = await client.events(job_id)
         attempts = await client.attempts(job_id)
         edges = await cli_dependencies.read(client, job_id)
+        waiting = await queues.job_wait_reason(client.backend, job_id)
         if args.json:
             emit(cli_output.to_json({"job": handle.row, "events": events, "attempts": attempts,
-                                     "dependencies": cli_dependencies.to_plain(edges)}))
+                                     "dependencies": cli_dependencies.to_plain(edges), "waiting": waiting}))
         else:
-            emit(cli_output.job_detail(handle.row, events, attempts) + "\n\n" + cli_dependencies.section(edges))
+            emit(cli_output.job_detail(handle.row, events, attempts, waiting=waiting) + "\n\n"
+                 + cli_dependencies.section(edges))
         return ExitCode.OK
 
     return with_client(args, body)
@@ -438,6 +453,7 @@ COMMANDS: tuple[Command, ...] = (
                 help="how long a job holds its key: 'active' (default) while pending, scheduled or running; "
                 "'retained' for as long as its row is kept"),
             *cli_dependencies.enqueue_args(arg, job_id_arg),
+            arg("--concurrency-key", metavar="KEY", help="the key of per-key concurrency limits (e.g. a tenant)"),
             JSON_ARG,
         ),
     ),
@@ -468,6 +484,7 @@ COMMANDS: tuple[Command, ...] = (
         (arg("job_id", type=job_id_arg, metavar="ID"), JSON_ARG),
     ),
     *cli_schedules.commands(),
+    *cli_queues.commands(),
     *cli_prune.commands(),
     *cli_tokens.commands(),
     *cli_web.commands(),
@@ -545,7 +562,7 @@ def classify(exc: BaseException) -> tuple[ExitCode, str]:
         return ExitCode.DATABASE_UNAVAILABLE, str(exc)
     if isinstance(exc, TokenExists):
         return ExitCode.CONFLICT, str(exc)
-    if isinstance(exc, ScheduleNotFound | TokenNotFound | DependencyNotFound):
+    if isinstance(exc, ScheduleNotFound | TokenNotFound | DependencyNotFound | QueueNotFound):
         return ExitCode.NOT_FOUND, str(exc)
     if isinstance(exc, SchemaNotReady | SchemaTooNew):
         return ExitCode.SCHEMA, str(exc)

@@ -108,8 +108,10 @@ def _lease(row: JobRow) -> str:
     return f"{when(row.lock_expires_at)} (lock from the claim), then for as long as its worker's heartbeat renews"
 
 
-def job_detail(row: JobRow, events: Sequence[JobEvent], attempts: Sequence[JobAttempt]) -> str:
-    """One job as a person reads it: the row, then its timeline, then its attempts."""
+def job_detail(row: JobRow, events: Sequence[JobEvent], attempts: Sequence[JobAttempt], *,
+               waiting: str | None = None) -> str:
+    """One job as a person reads it: the row (with what a waiting job waits for), then its timeline, then
+    its attempts."""
     error = NONE
     if row.error_class or row.error_message:
         error = ": ".join(p for p in (row.error_class, row.error_message) if p)
@@ -122,7 +124,7 @@ def job_detail(row: JobRow, events: Sequence[JobEvent], attempts: Sequence[JobAt
         ("job", str(row.id)),
         ("actor", row.actor),
         ("queue", row.queue),
-        ("status", row.status.value),
+        ("status", row.status.value + (f" ({waiting})" if waiting else "")),
         ("error", error),
         ("attempt", f"{row.attempt} of {row.max_attempts} (claim epoch {row.claim_epoch}, "
                     f"interrupted {row.interrupt_count} times, snoozed {row.snooze_count} times)"),
@@ -131,6 +133,7 @@ def job_detail(row: JobRow, events: Sequence[JobEvent], attempts: Sequence[JobAt
         ("priority", str(row.priority)),
         ("tags", ", ".join(row.tags) or NONE),
         ("unique key", f"{row.unique_key} (scope {row.unique_scope})" if row.unique_key else NONE),
+        ("limit key", row.concurrency_key or NONE),  # concurrency_key, for per-key limits
         ("requeues", str(row.requeue_count)),
         ("created", when(row.created_at)),
         ("scheduled", when(row.scheduled_at)),
@@ -241,3 +244,9 @@ def bulk_requeue_summary(result: BulkRequeueResult) -> str:
         more = f" and {len(result.conflicts) - 5} more" if len(result.conflicts) > 5 else ""
         text += f"\n{len(result.conflicts)} left unchanged, their unique key held by another job: {shown}{more}"
     return text
+
+
+def pause_line(name: str, paused: bool, changed: bool) -> str:
+    """What a pause or resume of a queue or a schedule did: `mail: paused`, `mail: already resumed`."""
+    verb = "paused" if paused else "resumed"
+    return f"{name}: {verb}" if changed else f"{name}: already {verb}"

@@ -72,11 +72,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             emit(cli_output.to_json(made) if args.json else str(made.job_id))
             return ExitCode.OK
         result = await (client.pause_schedule(name) if args.action == "pause" else client.resume_schedule(name))
-        if args.json:
-            emit(cli_output.to_json(result))
-        else:
-            verb = "paused" if result.paused else "resumed"
-            emit(f"{name}: {verb}" if result.changed else f"{name}: already {verb}")
+        emit(cli_output.to_json(result) if args.json else cli_output.pause_line(name, result.paused, result.changed))
         return ExitCode.OK
 
     return with_client(args, body)

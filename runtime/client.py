@@ -18,9 +18,10 @@ from pydantic import ConfigDict, TypeAdapter
 from pydantic_core import SchemaValidator, core_schema, from_json
 from typing_extensions import TypeVar
 
-from taskq import operations, schedule_admin, tracing, workflows
+from taskq import operations, queues, schedule_admin, tracing, workflows
 from taskq.actors.declaration import Actor, ActorRegistry, default_registry
 from taskq.backend import Backend, JobBatch, JobInsert, JobOptions, transaction_pooler_from_env, uuid7, uuid7_many
+from taskq.backend_queues import UNSET
 from taskq.checks import as_job_id, check_text
 from taskq.dsn import resolve_dsn
 from taskq.exceptions import ConfigurationError, DependencyInvalid, JobFailed, PayloadInvalid, PayloadTooLarge
@@ -33,6 +34,9 @@ from taskq.models import (
     JobEvent,
     JobFilter,
     JobRow,
+    QueueLimitsResult,
+    QueuePauseResult,
+    QueueStatsReport,
     RequeueResult,
     ScheduleInfo,
     SchedulePauseResult,
@@ -161,6 +165,7 @@ def _check_options(
     scheduled_at: datetime | timedelta | None = None,
     max_attempts: int | None = None,
     schedule_to_close: float | timedelta | None = None,
+    concurrency_key: str | None = None,
 ) -> tuple[Actor[Any, Any] | None, JobOptions]:
     """The actor (when this process knows it) and the checked options, shared by every payload."""
     if isinstance(target, Actor):
@@ -190,6 +195,7 @@ def _check_options(
         scheduled_at=_when(scheduled_at),
         schedule_to_close=_seconds("schedule_to_close", deadline),
         idempotent=actor.idempotent if actor is not None else True,
+        concurrency_key=None if concurrency_key is None else check_text("concurrency_key", concurrency_key),
     )
 
 
@@ -208,11 +214,12 @@ def prepare_insert(
     parent_id: UUID | None = None,
     unique_key: str | bool | None = None,
     unique_scope: str = "active",
+    concurrency_key: str | None = None,
 ) -> JobInsert:
     """Everything enqueue checks before any write: the payload, names, tags, times, limits and key."""
     actor, opts = _check_options(
         target, registry, queue=queue, priority=priority, tags=tags, scheduled_at=scheduled_at,
-        max_attempts=max_attempts, schedule_to_close=schedule_to_close,
+        max_attempts=max_attempts, schedule_to_close=schedule_to_close, concurrency_key=concurrency_key,
     )
     if parent_id is not None:
         opts = replace(opts, parent_id=parent_id)
@@ -390,6 +397,7 @@ class JobsClient:
         unique_scope: str = "active",
         depends_on: Iterable[workflows.ParentRef] | None = None,
         dependency_mode: str = "on_success",
+        concurrency_key: str | None = None,
     ) -> JobHandle[R]:
         """Validate then write one job. With `connection`, the insert joins that connection's open
         transaction (commit or roll back with your own data); otherwise it commits at once.
@@ -401,14 +409,17 @@ class JobsClient:
 
         `depends_on` (handles or ids of existing jobs, at most workflows.MAX_PARENTS): the job waits in
         awaiting_parents until they are terminal (docs/workflows.md). `dependency_mode` 'on_success' cancels
-        it (ParentFailed) when a parent ends other than succeeded; 'on_any_terminal' runs it anyway."""
+        it (ParentFailed) when a parent ends other than succeeded; 'on_any_terminal' runs it anyway.
+
+        `concurrency_key` (e.g. a tenant): the key of the per-key limits (`concurrency_per_key`) of the
+        job's queue and actor."""
         parents, mode = workflows.check_dependencies(depends_on, dependency_mode)
         if parents and unique_key is not None:
             raise DependencyInvalid("unique_key cannot be combined with depends_on")
         job = self._prepare(
             target, payload, queue=queue, priority=priority, tags=tags, scheduled_at=scheduled_at,
             max_attempts=max_attempts, schedule_to_close=schedule_to_close, unique_key=unique_key,
-            unique_scope=unique_scope,
+            unique_scope=unique_scope, concurrency_key=concurrency_key,
         )
         with tracing.producer(job.options.queue, job.options.actor, job.id) as trace_context:
             if trace_context is not None:
@@ -439,6 +450,7 @@ class JobsClient:
         unique_scope: str = "active",
         depends_on: Iterable[workflows.ParentRef] | None = None,
         dependency_mode: str = "on_success",
+        concurrency_key: str | None = None,
     ) -> list[JobHandle[R]]:
         """Validate every payload first, then write them all in one transaction (statements of at most
         `chunk_size` rows). One invalid payload writes nothing.
@@ -448,13 +460,14 @@ class JobsClient:
         `created` for its own item; a skipped item's handle is the holder's (a job of this same call
         when two items share a key: the first one wins).
 
-        `depends_on`: every job waits on the same parents (a fan-out), as in `enqueue`."""
+        `depends_on`: every job waits on the same parents (a fan-out), as in `enqueue`. `concurrency_key` is one key
+        for all."""
         parents, mode = workflows.check_dependencies(depends_on, dependency_mode)
         if parents and unique_key is not None:
             raise DependencyInvalid("unique_key cannot be combined with depends_on")
         actor, opts = _check_options(
             target, self.registry, queue=queue, priority=priority, tags=tags, scheduled_at=scheduled_at,
-            max_attempts=max_attempts, schedule_to_close=schedule_to_close,
+            max_attempts=max_attempts, schedule_to_close=schedule_to_close, concurrency_key=concurrency_key,
         )
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise ConfigurationError(f"chunk_size must be a positive int, got {chunk_size!r}")
@@ -590,3 +603,26 @@ class JobsClient:
 
     async def trigger_schedule(self, name: str) -> ScheduleTriggerResult:
         return await schedule_admin.trigger_schedule(self.backend, name)
+
+    # -- queues (taskq.queues) --------------------------------------------------------------------
+
+    async def queue_stats(self) -> QueueStatsReport:
+        return await queues.queue_stats(self.backend)
+
+    async def pause_queue(self, name: str, *, reason: str | None = None, by: str | None = None) -> QueuePauseResult:
+        return await queues.pause_queue(self.backend, name, reason=reason, by=by)
+
+    async def resume_queue(self, name: str, *, reason: str | None = None, by: str | None = None) -> QueuePauseResult:
+        return await queues.resume_queue(self.backend, name, reason=reason, by=by)
+
+    async def set_queue_limits(
+        self, name: str, *, concurrency: int | None = UNSET, concurrency_per_key: int | None = UNSET,
+        rate_limit: int | None = UNSET, rate_period: float | None = UNSET, reason: str | None = None,
+        by: str | None = None,
+    ) -> QueueLimitsResult:
+        """Fleet-wide limits of a queue (`taskq.queues.set_queue_limits`): None removes a limit, one left
+        out is kept; a rate is `rate_limit` starts per `rate_period` seconds."""
+        return await queues.set_queue_limits(
+            self.backend, name, concurrency=concurrency, concurrency_per_key=concurrency_per_key,
+            rate_limit=rate_limit, rate_period=rate_period, reason=reason, by=by,
+        )

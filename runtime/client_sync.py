@@ -18,9 +18,18 @@ from uuid import UUID
 from psycopg import Connection
 from pydantic import TypeAdapter
 
-from taskq import operations, operations_sync, schedule_admin_sync, tracing, workflows, workflows_sync
+from taskq import (
+    operations,
+    operations_sync,
+    queues_sync,
+    schedule_admin_sync,
+    tracing,
+    workflows,
+    workflows_sync,
+)
 from taskq.actors.declaration import Actor, ActorRegistry, default_registry
 from taskq.backend import JobBatch, JobInsert, transaction_pooler_from_env, uuid7_many
+from taskq.backend_queues import UNSET
 from taskq.backend_sync import SyncBackend
 from taskq.checks import as_job_id
 from taskq.client import (
@@ -43,6 +52,9 @@ from taskq.models import (
     JobEvent,
     JobFilter,
     JobRow,
+    QueueLimitsResult,
+    QueuePauseResult,
+    QueueStatsReport,
     RequeueResult,
     ScheduleInfo,
     SchedulePauseResult,
@@ -212,6 +224,7 @@ class SyncJobsClient:
         unique_scope: str = "active",
         depends_on: Iterable[workflows.ParentRef] | None = None,
         dependency_mode: str = "on_success",
+        concurrency_key: str | None = None,
     ) -> SyncJobHandle[R]:
         """Validate then write one job. With `connection`, the insert joins that connection's open
         transaction (commit or roll back with your own data); otherwise it commits at once.
@@ -223,7 +236,10 @@ class SyncJobsClient:
 
         `depends_on` (handles or ids of existing jobs, at most workflows.MAX_PARENTS): the job waits in
         awaiting_parents until they are terminal (docs/workflows.md). `dependency_mode` 'on_success' cancels
-        it (ParentFailed) when a parent ends other than succeeded; 'on_any_terminal' runs it anyway."""
+        it (ParentFailed) when a parent ends other than succeeded; 'on_any_terminal' runs it anyway.
+
+        `concurrency_key` (e.g. a tenant): the key of the per-key limits (`concurrency_per_key`) of the
+        job's queue and actor."""
         parents, mode = workflows.check_dependencies(depends_on, dependency_mode)
         if parents and unique_key is not None:
             raise DependencyInvalid("unique_key cannot be combined with depends_on")
@@ -238,6 +254,7 @@ class SyncJobsClient:
             schedule_to_close=schedule_to_close,
             unique_key=unique_key,
             unique_scope=unique_scope,
+            concurrency_key=concurrency_key,
         )
         with tracing.producer(job.options.queue, job.options.actor, job.id) as trace_context:
             if trace_context is not None:
@@ -273,6 +290,7 @@ class SyncJobsClient:
         unique_scope: str = "active",
         depends_on: Iterable[workflows.ParentRef] | None = None,
         dependency_mode: str = "on_success",
+        concurrency_key: str | None = None,
     ) -> list[SyncJobHandle[R]]:
         """Validate every payload first, then write them all in one transaction (statements of at most
         `chunk_size` rows). One invalid payload writes nothing.
@@ -282,7 +300,8 @@ class SyncJobsClient:
         `created` for its own item; a skipped item's handle is the holder's (a job of this same call
         when two items share a key: the first one wins).
 
-        `depends_on`: every job waits on the same parents (a fan-out), as in `enqueue`."""
+        `depends_on`: every job waits on the same parents (a fan-out), as in `enqueue`. `concurrency_key` is one key
+        for all."""
         parents, mode = workflows.check_dependencies(depends_on, dependency_mode)
         if parents and unique_key is not None:
             raise DependencyInvalid("unique_key cannot be combined with depends_on")
@@ -295,6 +314,7 @@ class SyncJobsClient:
             scheduled_at=scheduled_at,
             max_attempts=max_attempts,
             schedule_to_close=schedule_to_close,
+            concurrency_key=concurrency_key,
         )
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise ConfigurationError(f"chunk_size must be a positive int, got {chunk_size!r}")
@@ -437,3 +457,36 @@ class SyncJobsClient:
 
     def trigger_schedule(self, name: str) -> ScheduleTriggerResult:
         return schedule_admin_sync.trigger_schedule(self.backend, name)
+
+    def queue_stats(self) -> QueueStatsReport:
+        return queues_sync.queue_stats(self.backend)
+
+    def pause_queue(self, name: str, *, reason: str | None = None, by: str | None = None) -> QueuePauseResult:
+        return queues_sync.pause_queue(self.backend, name, reason=reason, by=by)
+
+    def resume_queue(self, name: str, *, reason: str | None = None, by: str | None = None) -> QueuePauseResult:
+        return queues_sync.resume_queue(self.backend, name, reason=reason, by=by)
+
+    def set_queue_limits(
+        self,
+        name: str,
+        *,
+        concurrency: int | None = UNSET,
+        concurrency_per_key: int | None = UNSET,
+        rate_limit: int | None = UNSET,
+        rate_period: float | None = UNSET,
+        reason: str | None = None,
+        by: str | None = None,
+    ) -> QueueLimitsResult:
+        """Fleet-wide limits of a queue (`taskq.queues.set_queue_limits`): None removes a limit, one left
+        out is kept; a rate is `rate_limit` starts per `rate_period` seconds."""
+        return queues_sync.set_queue_limits(
+            self.backend,
+            name,
+            concurrency=concurrency,
+            concurrency_per_key=concurrency_per_key,
+            rate_limit=rate_limit,
+            rate_period=rate_period,
+            reason=reason,
+            by=by,
+        )

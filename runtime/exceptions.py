@@ -163,3 +163,11 @@ class DependencyNotFound(DependencyInvalid, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
+class QueueNotFound(TaskqError, KeyError):
+    """No queue has that name: it has no taskq.queues row (no worker served it, no operator set it) and
+    no unfinished job names it (pause or resume of a name the database does not know)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "queue not found"

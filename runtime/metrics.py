@@ -49,6 +49,21 @@ SCHEDULE_TICK = Histogram(
     "Duration of one scheduler tick (its one transaction)",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )
+QUEUE_PAUSED = Gauge(
+    "taskq_queue_paused", "1 while the queue is paused fleet-wide (as this worker last read it)", ["queue"],
+    multiprocess_mode="livemax",
+)
+QUEUE_LIMIT = Gauge(
+    "taskq_queue_limit",
+    "A queue's fleet-wide limit as this worker last read it (0: none): concurrency, concurrency_per_key, "
+    "rate (starts per second)",
+    ["queue", "limit"],
+    multiprocess_mode="livemax",
+)
+LIMITED_CLAIMS = Counter(
+    "taskq_limited_claims", "Limited claims (under queue or actor limits) by this worker, by whether they got jobs",
+    ["result"],
+)
 
 
 # -- the cancellation spec §10 metrics: Prometheus always, OpenTelemetry instruments too when the

@@ -118,6 +118,8 @@ class JobRow(BaseModel):
     """While awaiting_parents: the parents not yet terminal."""
     dependency_mode: str | None = None
     """'on_success' or 'on_any_terminal' for a job enqueued with depends_on; None otherwise."""
+    concurrency_key: str | None = None
+    """The key of per-key concurrency limits (`concurrency_key=` at enqueue), if any."""
 
     @property
     def is_terminal(self) -> bool:
@@ -352,3 +354,100 @@ class ScheduleTriggerResult(BaseModel):
     name: str
     job_id: UUID
     scheduled_for: datetime
+
+
+class QueueLimits(BaseModel):
+    """The fleet-wide limits of a queue or of an actor; None: no such limit. `rate_limit` job starts per
+    `rate_period` seconds (both or neither)."""
+
+    model_config = _frozen
+
+    concurrency: int | None = None
+    concurrency_per_key: int | None = None
+    rate_limit: int | None = None
+    rate_period: float | None = None
+
+    @property
+    def any(self) -> bool:
+        return self.concurrency is not None or self.concurrency_per_key is not None or self.rate_limit is not None
+
+    def describe(self) -> str:
+        """`concurrency 5, 2 per key, 100 per 60s`, or `-` without limits."""
+        parts = []
+        if self.concurrency is not None:
+            parts.append(f"concurrency {self.concurrency}")
+        if self.concurrency_per_key is not None:
+            parts.append(f"{self.concurrency_per_key} per key")
+        if self.rate_limit is not None and self.rate_period is not None:
+            parts.append(f"{self.rate_limit} per {self.rate_period:g}s")
+        return ", ".join(parts) or "-"
+
+
+class QueueStats(BaseModel):
+    """One queue as `taskq queues` shows it. `pending` counts the jobs due now (whatever their status,
+    pending or a retry whose delay passed), `scheduled` those due later; `failed_last_hour` the jobs that
+    ended failed, crashed or abandoned in the last hour; `throughput` jobs finished per second over the
+    last 5 minutes; `oldest_pending_age` seconds since the oldest due job became due (None: none due)."""
+
+    model_config = _frozen
+
+    name: str
+    pending: int
+    scheduled: int
+    running: int
+    awaiting_parents: int
+    failed_last_hour: int
+    oldest_pending_age: float | None
+    throughput: float
+    paused: bool
+    paused_at: datetime | None
+    paused_by: str | None
+    pause_reason: str | None
+    limits: QueueLimits
+
+
+class ActorLimitsInfo(BaseModel):
+    """The limits an actor's code declares (`@actor(global_concurrency=...)`), as the workers wrote them."""
+
+    model_config = _frozen
+
+    actor: str
+    limits: QueueLimits
+    running: int
+    declared_by: str | None
+    updated_at: datetime
+
+
+class QueueStatsReport(BaseModel):
+    """`client.queue_stats()`: every known queue (a row in taskq.queues, or unfinished jobs), by name, and
+    the actor limits in force."""
+
+    model_config = _frozen
+
+    queues: tuple[QueueStats, ...]
+    actor_limits: tuple[ActorLimitsInfo, ...]
+
+    def queue(self, name: str) -> QueueStats:
+        for q in self.queues:
+            if q.name == name:
+                return q
+        raise KeyError(name)
+
+
+class QueuePauseResult(BaseModel):
+    """What a pause or resume did: `changed` is False when the queue already was in that state."""
+
+    model_config = _frozen
+
+    name: str
+    paused: bool
+    changed: bool
+
+
+class QueueLimitsResult(BaseModel):
+    """A queue's limits after `set_queue_limits`."""
+
+    model_config = _frozen
+
+    name: str
+    limits: QueueLimits

@@ -23,7 +23,8 @@ def check_schedule_name(name: object) -> str:
     return name
 
 
-def _operator() -> str:
+def operator_name() -> str:
+    """Who an operator action is recorded as when the caller names nobody: user@host."""
     try:
         user = getpass.getuser()
     except Exception:
@@ -57,7 +58,7 @@ async def _set_paused(backend: Backend, name: str, paused: bool, by: str | None)
     name = check_schedule_name(name)
     if by is not None and (not isinstance(by, str) or len(by) > 255 or "\x00" in by):
         raise ConfigurationError(f"by must be at most 255 characters without NUL, got {by!r}")
-    changed = await backend.schedule_set_paused(name, paused, by if by is not None else _operator())
+    changed = await backend.schedule_set_paused(name, paused, by if by is not None else operator_name())
     if changed is None:
         raise ScheduleNotFound(f"no schedule named {name!r}")
     return SchedulePauseResult(name=name, paused=paused, changed=changed)

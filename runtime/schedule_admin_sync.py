@@ -12,7 +12,7 @@ from __future__ import annotations
 from taskq.backend_sync import SyncBackend
 from taskq.exceptions import ConfigurationError, ScheduleNotFound
 from taskq.models import ScheduleInfo, SchedulePauseResult, ScheduleTriggerResult
-from taskq.schedule_admin import _operator, check_schedule_name
+from taskq.schedule_admin import check_schedule_name, operator_name
 
 
 def list_schedules(backend: SyncBackend) -> list[ScheduleInfo]:
@@ -41,7 +41,7 @@ def _set_paused(backend: SyncBackend, name: str, paused: bool, by: str | None) -
     name = check_schedule_name(name)
     if by is not None and (not isinstance(by, str) or len(by) > 255 or "\x00" in by):
         raise ConfigurationError(f"by must be at most 255 characters without NUL, got {by!r}")
-    changed = backend.schedule_set_paused(name, paused, by if by is not None else _operator())
+    changed = backend.schedule_set_paused(name, paused, by if by is not None else operator_name())
     if changed is None:
         raise ScheduleNotFound(f"no schedule named {name!r}")
     return SchedulePauseResult(name=name, paused=paused, changed=changed)

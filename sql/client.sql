@@ -26,13 +26,13 @@ SELECT coalesce(max(version), 0) AS version FROM taskq.schema_migrations;
 -- INSERT ... RETURNING (the NOTIFY in the RETURNING list) costs the server a sixth less than the same
 -- statement wrapped in a CTE. With notify false the NOTIFY is left to a later jobs_notify (backend_notify).
 INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
-                        scheduled_at, schedule_to_close, parent_id, idempotent, trace_context)
+                        scheduled_at, schedule_to_close, parent_id, idempotent, trace_context, concurrency_key)
 VALUES (%(id)s, %(actor)s, %(queue)s, %(payload)s::jsonb,
         CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
         %(priority)s, %(tags)s::text[], %(max_attempts)s,
         greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
         now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s, %(idempotent)s,
-        %(trace_context)s::jsonb)
+        %(trace_context)s::jsonb, %(concurrency_key)s::text)
 RETURNING status, scheduled_at, schedule_to_close, created_at,
           (CASE WHEN %(notify)s::bool AND status = 'pending' THEN pg_notify('taskq_jobs', queue) END) IS NULL AS _n;
 
@@ -42,13 +42,13 @@ RETURNING status, scheduled_at, schedule_to_close, created_at,
 -- NOTIFY for the whole batch when its jobs are due now.
 WITH ins AS (
     INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
-                            scheduled_at, schedule_to_close, parent_id, idempotent, trace_context)
+                            scheduled_at, schedule_to_close, parent_id, idempotent, trace_context, concurrency_key)
     SELECT u.id, %(actor)s::text, %(queue)s::text, u.payload::jsonb,
            CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
            %(priority)s::int, %(tags)s::text[], %(max_attempts)s::int,
            greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
            now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s::uuid,
-           %(idempotent)s::boolean, %(trace_context)s::jsonb
+           %(idempotent)s::boolean, %(trace_context)s::jsonb, %(concurrency_key)s::text
     FROM unnest(%(ids)b::uuid[], %(payloads)b::text[]) AS u(id, payload)
     RETURNING status
 )
@@ -62,13 +62,13 @@ FROM ins;
 -- key in jobs_unique_key_idx. The conflict target names that index by its column and predicate.
 INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
                         scheduled_at, schedule_to_close, parent_id, idempotent, unique_key, unique_scope,
-                        trace_context)
+                        trace_context, concurrency_key)
 VALUES (%(id)s, %(actor)s, %(queue)s, %(payload)s::jsonb,
         CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
         %(priority)s, %(tags)s::text[], %(max_attempts)s,
         greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
         now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s, %(idempotent)s,
-        %(unique_key)s, %(unique_scope)s, %(trace_context)s::jsonb)
+        %(unique_key)s, %(unique_scope)s, %(trace_context)s::jsonb, %(concurrency_key)s::text)
 ON CONFLICT (unique_key)
     WHERE unique_key IS NOT NULL AND (unique_scope = 'retained' OR status IN ('pending', 'scheduled', 'running'))
     DO NOTHING
@@ -87,14 +87,14 @@ WHERE unique_key = %(unique_key)s
 WITH ins AS (
     INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
                             scheduled_at, schedule_to_close, parent_id, idempotent, unique_key, unique_scope,
-                            trace_context)
+                            trace_context, concurrency_key)
     SELECT u.id, %(actor)s::text, %(queue)s::text, u.payload::jsonb,
            CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
            %(priority)s::int, %(tags)s::text[], %(max_attempts)s::int,
            greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
            now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s::uuid,
            %(idempotent)s::boolean, u.key, CASE WHEN u.key IS NOT NULL THEN %(unique_scope)s::text END,
-           %(trace_context)s::jsonb
+           %(trace_context)s::jsonb, %(concurrency_key)s::text
     FROM unnest(%(ids)b::uuid[], %(payloads)b::text[], %(unique_keys)b::text[]) AS u(id, payload, key)
     ON CONFLICT (unique_key)
         WHERE unique_key IS NOT NULL AND (unique_scope = 'retained' OR status IN ('pending', 'scheduled', 'running'))
@@ -432,14 +432,15 @@ WITH locked AS (
     FROM v WHERE v.found = cardinality(%(parent_ids)s::uuid[])
 ), ins AS (
     INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
-                            scheduled_at, schedule_to_close, parent_id, idempotent,
+                            scheduled_at, schedule_to_close, parent_id, idempotent, trace_context, concurrency_key,
                             parents_remaining, dependency_mode,
                             cancel_requested_at, cancel_reason, error_class, error_message, finished_at)
     SELECT u.id, %(actor)s::text, %(queue)s::text, u.payload::jsonb, d.status,
            %(priority)s::int, %(tags)s::text[], %(max_attempts)s::int,
            greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
            now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s::uuid,
-           %(idempotent)s::boolean, d.remaining, %(dependency_mode)s::text,
+           %(idempotent)s::boolean, %(trace_context)s::jsonb, %(concurrency_key)s::text,
+           d.remaining, %(dependency_mode)s::text,
            CASE WHEN d.status = 'cancelled' THEN now() END,
            CASE WHEN d.status = 'cancelled' THEN 'parent-failure:' || d.failed END,
            CASE WHEN d.status = 'cancelled' THEN 'ParentFailed' END,

@@ -211,6 +211,32 @@ HAVING j.parents_remaining <> count(d.parent_id) FILTER (WHERE d.resolved_at IS 
     OR count(d.parent_id) FILTER (WHERE d.resolved_at IS NULL
                                   AND p.status IN ('succeeded', 'failed', 'cancelled', 'crashed', 'abandoned')) > 0;
 
+-- name: inv_global_limit
+-- No global concurrency limit is exceeded now: the running rows of each limited queue, actor and key
+-- (per-key limits) are at most the limit. One row per scope over its limit, naming one of its running
+-- jobs. (An operator who lowers a limit below what is running sees it here until enough jobs finish:
+-- setting a limit stops no running job.)
+WITH over AS (
+    SELECT 'queue ' || q.name AS scope, q.concurrency_limit AS lim, count(*) AS n, min(j.id::text)::uuid AS job_id
+    FROM taskq.queues AS q JOIN taskq.jobs AS j ON j.queue = q.name AND j.status = 'running'
+    WHERE q.concurrency_limit IS NOT NULL GROUP BY q.name, q.concurrency_limit
+    UNION ALL
+    SELECT 'queue ' || q.name || ' key ' || j.concurrency_key, q.concurrency_per_key, count(*), min(j.id::text)::uuid
+    FROM taskq.queues AS q JOIN taskq.jobs AS j
+         ON j.queue = q.name AND j.status = 'running' AND j.concurrency_key IS NOT NULL
+    WHERE q.concurrency_per_key IS NOT NULL GROUP BY q.name, q.concurrency_per_key, j.concurrency_key
+    UNION ALL
+    SELECT 'actor ' || a.actor, a.global_concurrency, count(*), min(j.id::text)::uuid
+    FROM taskq.actor_limits AS a JOIN taskq.jobs AS j ON j.actor = a.actor AND j.status = 'running'
+    WHERE a.global_concurrency IS NOT NULL GROUP BY a.actor, a.global_concurrency
+    UNION ALL
+    SELECT 'actor ' || a.actor || ' key ' || j.concurrency_key, a.concurrency_per_key, count(*), min(j.id::text)::uuid
+    FROM taskq.actor_limits AS a JOIN taskq.jobs AS j
+         ON j.actor = a.actor AND j.status = 'running' AND j.concurrency_key IS NOT NULL
+    WHERE a.concurrency_per_key IS NOT NULL GROUP BY a.actor, a.concurrency_per_key, j.concurrency_key
+)
+SELECT job_id, format('%%s: %%s running, limit %%s', scope, n, lim) AS detail FROM over WHERE n > lim;
+
 -- name: inv_summary_status
 SELECT status, count(*) AS n FROM taskq.jobs GROUP BY status ORDER BY status;
 

@@ -33,7 +33,7 @@ GRANT USAGE ON SCHEMA taskq TO :"worker_role", :"client_role";
 GRANT SELECT ON taskq.jobs TO :"worker_role";
 GRANT INSERT (id, actor, queue, payload, status, priority, tags, max_attempts, scheduled_at,
               schedule_to_close, parent_id, unique_key, unique_scope, idempotent,
-              schedule, scheduled_for, trace_context, parents_remaining, dependency_mode,
+              schedule, scheduled_for, trace_context, concurrency_key, parents_remaining, dependency_mode,
               cancel_requested_at, cancel_reason, error_class, error_message, finished_at)
     ON taskq.jobs TO :"worker_role";
 -- max_attempts and snooze_count: a snooze gives its attempt back; idempotent: set before the first run of
@@ -55,6 +55,13 @@ GRANT SELECT, DELETE ON taskq.lease_losses TO :"worker_role";
 GRANT SELECT ON taskq.schema_migrations TO :"worker_role";
 -- the scheduler: upserts its code's declarations, disables the ones gone, fires slots (never deletes)
 GRANT SELECT, INSERT, UPDATE ON taskq.schedules TO :"worker_role";
+-- queue control: a worker registers its queues (their rows, first use), locks the limited ones in its
+-- limited claim (FOR NO KEY UPDATE needs an UPDATE privilege: one column, never written by a claim),
+-- writes its code's actor limits, and logs and trims the starts of rate-limited scopes
+GRANT SELECT, INSERT (name) ON taskq.queues TO :"worker_role";
+GRANT UPDATE (updated_at) ON taskq.queues TO :"worker_role";
+GRANT SELECT, INSERT, UPDATE, DELETE ON taskq.actor_limits TO :"worker_role";
+GRANT SELECT, INSERT, DELETE ON taskq.rate_starts TO :"worker_role";
 
 -- CLIENT (JobsClient and the CLI's enqueue, cancel, requeue, jobs, job): enqueue, cancel, requeue, read.
 -- It inserts only the columns of a new job (so only a pending or scheduled row: the CHECK constraints
@@ -67,7 +74,7 @@ GRANT SELECT ON taskq.jobs TO :"client_role";
 -- (a job enqueued with depends_on on a parent already failed is written cancelled, ParentFailed, at once)
 GRANT INSERT (id, actor, queue, payload, status, priority, tags, max_attempts, scheduled_at,
               schedule_to_close, parent_id, unique_key, unique_scope, idempotent,
-              schedule, scheduled_for, trace_context, parents_remaining, dependency_mode,
+              schedule, scheduled_for, trace_context, concurrency_key, parents_remaining, dependency_mode,
               cancel_requested_at, cancel_reason, error_class, error_message, finished_at)
     ON taskq.jobs TO :"client_role";
 -- has_dependents: set on the parents (under their row lock) by the enqueue of a child
@@ -92,5 +99,15 @@ GRANT SELECT ON taskq.schema_migrations TO :"client_role";
 GRANT SELECT ON taskq.schedules TO :"client_role";
 GRANT UPDATE (paused_at, paused_by, resumed_at, last_job_id, last_run_at, last_outcome, updated_at)
     ON taskq.schedules TO :"client_role";
+-- `taskq queues`, `taskq queue pause|resume|limit`, `taskq job` (what a waiting job waits for): read, the
+-- pause and limit columns (a queue's row is created at its first pause or limit), the queue's timeline
+GRANT SELECT ON taskq.queues, taskq.actor_limits, taskq.rate_starts, taskq.queue_events TO :"client_role";
+GRANT INSERT (name, paused_at, paused_by, pause_reason, concurrency_limit, concurrency_per_key, rate_limit,
+              rate_period)
+    ON taskq.queues TO :"client_role";
+GRANT UPDATE (paused_at, paused_by, pause_reason, concurrency_limit, concurrency_per_key, rate_limit,
+              rate_period, updated_at)
+    ON taskq.queues TO :"client_role";
+GRANT INSERT ON taskq.queue_events TO :"client_role";
 
 COMMIT;

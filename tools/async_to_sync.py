@@ -63,6 +63,8 @@ MODULES = [
     Module("taskq.schedule_admin"),
     Module("taskq.backend_dependencies"),
     Module("taskq.workflows"),
+    Module("taskq.backend_queues"),
+    Module("taskq.queues"),
     Module("taskq.client", {"JobsClient": "SyncJobsClient", "JobHandle": "SyncJobHandle"}),
 ]
 

@@ -24,13 +24,15 @@ class Completer:
     `outstanding` counts the outcomes handed over and not yet written (queued or in the statement in
     flight). An actor that has returned no longer needs its slot while its outcome waits here, so the
     dispatcher may claim for it meanwhile (at most `concurrency` such outcomes): the next claim then
-    overlaps this write instead of waiting for it. `on_queued` is called after each hand-over."""
+    overlaps this write instead of waiting for it. `on_queued` is called after each hand-over, `on_written`
+    after each batch written (its slots are free in the database then)."""
 
     def __init__(self, store: WorkerStore, *, give_up_after: float,
-                 on_queued: Callable[[], None] | None = None) -> None:
+                 on_queued: Callable[[], None] | None = None, on_written: Callable[[], None] | None = None) -> None:
         self._store = store
         self._give_up_after = give_up_after
         self._on_queued = on_queued
+        self._on_written = on_written
         self.outstanding = 0
         self._queue: list[tuple[Finish, asyncio.Future[str | None]]] = []
         self._wake = asyncio.Event()
@@ -129,3 +131,5 @@ class Completer:
                 )
             if not future.done():
                 future.set_result(status)
+        if self._on_written is not None:
+            self._on_written()

@@ -12,7 +12,8 @@ import psycopg
 
 from taskq import sql
 from taskq.backend import CANCEL_CHANNEL, JOBS_CHANNEL
-from taskq.metrics import JOBS_CLAIMED, JOBS_IN_FLIGHT
+from taskq.backend_queues import QUEUES_CHANNEL
+from taskq.metrics import JOBS_CLAIMED, JOBS_IN_FLIGHT, LIMITED_CLAIMS
 
 if TYPE_CHECKING:
     from taskq.worker.main import Worker
@@ -44,7 +45,7 @@ class Dispatcher:
                 continue
             want = min(free, s.claim_batch_size)
             try:
-                jobs = await self.w.store.claim(s.queues, want, s.lock_timeout)
+                jobs = await self.claim(want)
             except Exception as exc:
                 log.warning("claim failed: %s (retrying in %.2fs)", exc, backoff)
                 # a NOTIFY (the listener is back, so is the database) cuts the backoff short
@@ -64,6 +65,21 @@ class Dispatcher:
             if len(jobs) < want:
                 await self._wait(s.poll_interval)
                 self.wake.clear()
+
+    async def claim(self, want: int) -> list[ClaimedJob]:
+        """Limited work first (it takes at most what its limits leave), then the plain claim for the rest;
+        each only when the worker's view of queue control says it may find something."""
+        s = self.w.settings
+        control = self.w.control
+        await control.refresh_if_due()
+        jobs: list[ClaimedJob] = []
+        if control.limited:
+            jobs = await self.w.store.claim_limited(s.queues, want, s.lock_timeout,
+                                                    queue_limits_only=control.queue_limits_only)
+            LIMITED_CLAIMS.labels(result="jobs" if jobs else "empty").inc()
+        if control.plain and len(jobs) < want:
+            jobs += await self.w.store.claim(s.queues, want - len(jobs), s.lock_timeout)
+        return jobs
 
     def free_slots(self) -> int:
         """Slots for new claims: `concurrency` minus the jobs whose actors have not returned yet. A job
@@ -111,6 +127,7 @@ class Listener:
                     await conn.execute(sql.query("listen"))
                     self.connected.set()
                     backoff = 0.1
+                    self.w.control.invalidate()  # a pause or limit change made while we were away
                     self.w.dispatcher.wake.set()  # anything enqueued while we were away
                     async for note in conn.notifies():
                         if note.channel == JOBS_CHANNEL:
@@ -118,6 +135,10 @@ class Listener:
                                 self.w.dispatcher.wake.set()
                         elif note.channel == CANCEL_CHANNEL:
                             self._on_cancel(note.payload)
+                        elif note.channel == QUEUES_CHANNEL:
+                            if note.payload in queues or note.payload == "*":
+                                self.w.control.invalidate()
+                                self.w.dispatcher.wake.set()
             except (psycopg.Error, OSError) as exc:
                 self.connected.clear()
                 log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff)

@@ -28,6 +28,7 @@ from taskq.worker.consumer import Consumers, Hooks
 from taskq.worker.dispatcher import Dispatcher, Listener
 from taskq.worker.heartbeat import Heartbeat
 from taskq.worker.pruner import Pruner
+from taskq.worker.queue_control import QueueControl
 from taskq.worker.registry import ActiveJob, ActiveJobRegistry
 from taskq.worker.schedule_store import ScheduleStore
 from taskq.worker.scheduler import Scheduler
@@ -158,6 +159,12 @@ class Worker:
         if self.dispatcher.full or self.draining:
             self.dispatcher.wake.set()
 
+    def limited_slot_freed(self) -> None:
+        # a finish just committed: under limits, the slot it freed may be the one our claims wait for (a
+        # worker that found its limits used up waits for a NOTIFY or its poll otherwise)
+        if self.control.limited:
+            self.dispatcher.wake.set()
+
     def on_abandoned(self, entry: ActiveJob) -> None:
         """After an abandonment verdict: a thread that never left keeps its slot; too many of them and
         the worker restarts itself through the normal shutdown path (only process exit frees them)."""
@@ -259,11 +266,16 @@ class Worker:
                                           reconnect_timeout=POOL_RECONNECT_TIMEOUT,
                                           worker_id=self.worker_id, transaction_pooler=s.transaction_pooler)
         self.store = WorkerStore(self.backend, self.worker_id)
-        self.completer = Completer(self.store, give_up_after=s.lock_timeout, on_queued=self.slot_freed)
+        self.completer = Completer(self.store, give_up_after=s.lock_timeout, on_queued=self.slot_freed,
+                                   on_written=self.limited_slot_freed)
+        self.control = QueueControl(self.store, s.queues, s.poll_interval)
         self.pruner = Pruner(self.store, s)
         listen_dsn = s.listen_dsn_value()
         self.listener.dsn = resolve_dsn(listen_dsn) if listen_dsn else dsn
         await self.store.register(s.queues, self.concurrency, s.lock_timeout)
+        # this code's actor limits, for the whole fleet (the last worker to start wins)
+        if await self.store.sync_actor_limits({a.name: a.limits for a in self.actors}):
+            log.info("actor limits written: %s", {a.name: a.limits.describe() for a in self.actors if a.limits.any})
         taken = await self.store.take_over()
         if taken:
             log.warning("reclaimed %s left running under worker id %s by an earlier process", taken, self.worker_id)

@@ -10,7 +10,7 @@ import json
 import os
 import socket
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -19,6 +19,7 @@ from psycopg import AsyncConnection
 
 from taskq import sql
 from taskq.backend import Backend
+from taskq.models import QueueLimits
 
 RETRY = "scheduled"
 
@@ -82,6 +83,20 @@ class HeartbeatRead:
     """The held rows that have a cancel request."""
 
 
+LIMITED_SCAN = 50
+"""Rows the limited claim reads per scope, at least: a claim for one slot still looks past a few jobs
+whose key or actor turns out to be full within the batch."""
+
+
+@dataclass(slots=True)
+class QueueControlRead:
+    queues: dict[str, QueueLimits] = field(default_factory=dict)
+    """Our queues that have a taskq.queues row, with their limits."""
+    paused: set[str] = field(default_factory=set)
+    actor_limits: int = 0
+    """How many actors have fleet-wide limits (their jobs may be in any queue)."""
+
+
 class WorkerStore:
     def __init__(self, backend: Backend, worker_id: str) -> None:
         self.backend = backend
@@ -115,6 +130,58 @@ class WorkerStore:
             )
             rows = await cur.fetchall()
         return [ClaimedJob(*row) for row in rows]
+
+    async def claim_limited(self, queues: Sequence[str], limit: int, lock_timeout: float, *,
+                            queue_limits_only: bool = False) -> list[ClaimedJob]:
+        """The limited claim (job_claim_limited): lock the scope rows, then count and claim in a second
+        statement whose snapshot follows the locks. One transaction, pipelined: one round trip.
+        `queue_limits_only`: no actor limit and no per-key limit on our queues, as far as the worker
+        knows: the lighter job_claim_queue_limited (which checks that itself)."""
+        params = {"queues": list(queues), "limit": limit, "scan": max(limit, LIMITED_SCAN),
+                  "worker_id": self.worker_id, "lock_timeout": lock_timeout}
+        async with self.pool.connection() as conn:
+            async with conn.pipeline(), conn.transaction():
+                await conn.execute(sql.query("job_claim_limited_setup"))
+                await conn.execute(sql.query("job_claim_lock_queues"), params)
+                if queue_limits_only:
+                    cur = await conn.execute(sql.query("job_claim_queue_limited"), params)
+                else:
+                    await conn.execute(sql.query("job_claim_lock_actors"))
+                    cur = await conn.execute(sql.query("job_claim_limited"), params)
+            rows = await cur.fetchall()
+        return [ClaimedJob(*row) for row in rows]
+
+    async def queue_control(self, queues: Sequence[str]) -> QueueControlRead:
+        """Our queues' pause and limits, and how many actor limits exist (queue_control_read)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(sql.query("queue_control_read"), {"queues": list(queues)})
+            rows = await cur.fetchall()
+        read = QueueControlRead()
+        for name, paused, concurrency, per_key, rate, period in rows:
+            if name is None:
+                read.actor_limits = int(concurrency)
+            else:
+                read.queues[name] = QueueLimits(concurrency=concurrency, concurrency_per_key=per_key,
+                                                rate_limit=rate, rate_period=period)
+                if paused:
+                    read.paused.add(name)
+        return read
+
+    async def sync_actor_limits(self, limits: dict[str, QueueLimits]) -> int:
+        """Write the limits our actors declare (an actor mapped to an empty QueueLimits has its stored limits
+        removed); returns how many rows changed."""
+        names = sorted(limits)
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(sql.query("actor_limits_sync"), {
+                "actors": names,
+                "concurrency": [limits[n].concurrency for n in names],
+                "per_key": [limits[n].concurrency_per_key for n in names],
+                "rate": [limits[n].rate_limit for n in names],
+                "period": [limits[n].rate_period for n in names],
+                "by": self.worker_id,
+            })
+            row = await cur.fetchone()
+        return int(row[0]) if row else 0
 
     async def heartbeat(self, conn: AsyncConnection[Any], lock_timeout: float) -> HeartbeatRead:
         """POLL_CANCEL_FLAGS_SQL inside the caller's transaction."""

@@ -335,6 +335,19 @@ def declare(**options: Any) -> Outcome:
         return Outcome(type(exc).__name__, str(exc))
     return Outcome("accepted", "")
 
+def declare_actor(**options: Any) -> Outcome:
+    """An @actor declaration with these options: the error class it raised, or `accepted`."""
+
+    async def limited(payload: int) -> None:
+        return None
+
+    try:
+        actor(name="matrix.limited", registry=ActorRegistry(), **options)(limited)
+    except Exception as exc:
+        return Outcome(type(exc).__name__, str(exc))
+    return Outcome("accepted", "")
+
+
 CASES: list[Case] = [
     # -- client --------------------------------------------------------------------------------------
     Case("client-payload-missing-field", "client", "typed payload without a required field", "PayloadInvalid",
@@ -409,6 +422,36 @@ CASES: list[Case] = [
     Case("client-pause-empty-schedule-name", "client", "pause_schedule('')", "ConfigurationError",
          "schedule name", lambda e: client_call(e, lambda c: c.pause_schedule(""))),
 
+    Case("client-queue-limit-zero", "client", "set_queue_limits(concurrency=0)", "ConfigurationError",
+         "concurrency must be a whole number",
+         lambda e: client_call(e, lambda c: c.set_queue_limits("seed", concurrency=0))),
+    Case("client-queue-limit-negative", "client", "set_queue_limits(concurrency_per_key=-2)", "ConfigurationError",
+         "concurrency_per_key must be a whole number",
+         lambda e: client_call(e, lambda c: c.set_queue_limits("seed", concurrency_per_key=-2))),
+    Case("client-queue-limit-nan", "client", "set_queue_limits(concurrency=NaN)", "ConfigurationError",
+         "got nan", lambda e: client_call(e, lambda c: c.set_queue_limits("seed", concurrency=float("nan")))),  # type: ignore[arg-type]
+    Case("client-queue-rate-period-zero", "client", "set_queue_limits(rate_limit=5, rate_period=0)",
+         "ConfigurationError", "rate_period must be a finite number of seconds > 0",
+         lambda e: client_call(e, lambda c: c.set_queue_limits("seed", rate_limit=5, rate_period=0))),
+    Case("client-queue-rate-period-nan", "client", "set_queue_limits(rate_limit=5, rate_period=NaN)",
+         "ConfigurationError", "rate_period must be a finite number",
+         lambda e: client_call(e, lambda c: c.set_queue_limits("seed", rate_limit=5, rate_period=float("nan")))),
+    Case("client-queue-rate-no-period", "client", "set_queue_limits(rate_limit=5) without a period",
+         "ConfigurationError", "needs both rate_limit and rate_period",
+         lambda e: client_call(e, lambda c: c.set_queue_limits("seed", rate_limit=5))),
+    Case("client-pause-unknown-queue", "client", "pause_queue('nope')", "QueueNotFound", "no queue named 'nope'",
+         lambda e: client_call(e, lambda c: c.pause_queue("nope", reason="typo"))),
+    Case("client-resume-unknown-queue", "client", "resume_queue('nope')", "QueueNotFound", "no queue named 'nope'",
+         lambda e: client_call(e, lambda c: c.resume_queue("nope"))),
+    Case("client-empty-concurrency-key", "client", "enqueue(concurrency_key='')", "ConfigurationError",
+         "concurrency_key must be 1-255",
+         lambda e: client_call(e, lambda c: c.enqueue("matrix.x", 1, concurrency_key=""))),
+    Case("actor-global-concurrency-zero", "client", "@actor(global_concurrency=0)", "ActorDefinitionError",
+         "global_concurrency must be a whole number", lambda e: declare_actor(global_concurrency=0)),
+    Case("actor-rate-period-nan", "client", "@actor(rate_limit=5, rate_period=NaN)", "ActorDefinitionError",
+         "rate_period must be a finite number", lambda e: declare_actor(rate_limit=5, rate_period=float("nan"))),
+    Case("actor-rate-without-period", "client", "@actor(rate_limit=5)", "ActorDefinitionError",
+         "rate_limit and rate_period go together", lambda e: declare_actor(rate_limit=5)),
     Case("client-connection-closed", "client", "enqueue(connection=) a closed connection (sync and async)",
          "ConnectionUnusable", "is closed", lambda e: caller_connection(e, "closed")),
     Case("client-connection-failed-transaction", "client", "connection= in a failed transaction (both faces)",
@@ -500,6 +543,23 @@ CASES: list[Case] = [
          lambda e: cli(e, "schedule", "pause", "n" * 300)),
     Case("cli-schedule-bad-action", "cli", "schedule stop nightly", "exit 2", "invalid choice",
          lambda e: cli(e, "schedule", "stop", "nightly")),
+    Case("cli-queue-limit-zero", "cli", "queue limit seed --concurrency 0", "exit 2", "--concurrency must be",
+         lambda e: cli(e, "queue", "limit", "seed", "--concurrency", "0")),
+    Case("cli-queue-limit-nan", "cli", "queue limit seed --concurrency nan", "exit 2", "--concurrency must be",
+         lambda e: cli(e, "queue", "limit", "seed", "--concurrency", "nan")),
+    Case("cli-queue-period-zero", "cli", "queue limit seed --rate 5 --period 0", "exit 2", "--period must be",
+         lambda e: cli(e, "queue", "limit", "seed", "--rate", "5", "--period", "0")),
+    Case("cli-queue-period-nan", "cli", "queue limit seed --rate 5 --period nan", "exit 2", "--period must be",
+         lambda e: cli(e, "queue", "limit", "seed", "--rate", "5", "--period", "nan")),
+    Case("cli-queue-rate-negative", "cli", "queue limit seed --rate -1 --period 60", "exit 2", "--rate must be",
+         lambda e: cli(e, "queue", "limit", "seed", "--rate=-1", "--period", "60")),
+    Case("cli-queue-pause-unknown", "cli", "queue pause nope", "exit 4", "no queue named 'nope'",
+         lambda e: cli(e, "queue", "pause", "nope", "--reason", "typo")),
+    Case("cli-queue-resume-unknown", "cli", "queue resume nope", "exit 4", "no queue named 'nope'",
+         lambda e: cli(e, "queue", "resume", "nope")),
+    Case("cli-enqueue-empty-concurrency-key", "cli", "enqueue --concurrency-key ''", "exit 2",
+         "concurrency_key must be 1-255",
+         lambda e: cli(e, "enqueue", "a.b", "--payload", "{}", "--concurrency-key", "")),
     Case("cli-worker-app-bad-schedule", "cli", "taskq worker APP declaring cron '61 25 * * *'", "exit 10",
          "invalid cron expression", lambda e: worker_cli(e, "taskq_bad_schedule_app:app")),
     Case("cli-worker-app-missing-module", "cli", "taskq worker no_such_module:actors", "exit 10", "cannot import",
@@ -647,7 +707,11 @@ SELECT (SELECT count(*) FROM taskq.jobs),
         WHERE a.job_id = ANY(%s)),
        (SELECT md5(string_agg(m.version || m.name || m.checksum, '|' ORDER BY m.version))
         FROM taskq.schema_migrations m),
-       (SELECT md5(coalesce(string_agg(s::text, '|' ORDER BY s.name), '')) FROM taskq.schedules s)
+       (SELECT md5(coalesce(string_agg(s::text, '|' ORDER BY s.name), '')) FROM taskq.schedules s),
+       -- a worker may register a queue (its row, first use); no case may pause or limit one
+       (SELECT md5(coalesce(string_agg(q::text, '|' ORDER BY q.name), '')) FROM taskq.queues q WHERE q.controlled),
+       (SELECT md5(coalesce(string_agg(a::text, '|' ORDER BY a.actor), '')) FROM taskq.actor_limits a),
+       (SELECT count(*) FROM taskq.queue_events)
 """
 
 

@@ -261,3 +261,25 @@ def test_as_registry_accepts_an_actor_a_list_or_a_dict_and_rejects_plain_functio
     assert as_registry({"x": b}).names() == ["two"]
     with pytest.raises(ActorDefinitionError, match="not an actor"):
         as_registry([a, _sync_fn])
+
+
+def test_actor_limits_are_declared_and_checked_at_decoration_time() -> None:
+    reg = ActorRegistry()
+
+    async def job(payload: int) -> None:
+        return None
+
+    declared = actor(name="limits.ok", global_concurrency=3, concurrency_per_key=2, rate_limit=100,
+                     rate_period=60, registry=reg)(job)
+    assert declared.limits.describe() == "concurrency 3, 2 per key, 100 per 60s"
+    assert actor(name="limits.none", registry=reg)(job).limits.any is False
+    bad: list[dict[str, Any]] = [
+        {"global_concurrency": 0}, {"global_concurrency": -1}, {"global_concurrency": True},
+        {"global_concurrency": 2.5}, {"concurrency_per_key": 0}, {"rate_limit": 5},
+        {"rate_period": 1.0}, {"rate_limit": 0, "rate_period": 1.0}, {"rate_limit": 5, "rate_period": 0},
+        {"rate_limit": 5, "rate_period": float("nan")}, {"rate_limit": 5, "rate_period": float("inf")},
+    ]
+    for options in bad:
+        with pytest.raises(ActorDefinitionError):
+            actor(name="limits.bad", registry=reg, **options)(job)
+    assert "limits.bad" not in reg
