@@ -125,8 +125,8 @@ ORDER BY job_id, id DESC;
 -- ---- stats (the overview) ---------------------------------------------------------------------------
 
 -- name: stats_depth
--- Per queue, the waiting and running rows by status, from the two partial indexes that hold them, and
--- the oldest waiting job. Finished rows are counted by stats_recent (the last hour), never all of them.
+-- Per queue, the waiting, running and awaiting_parents rows by status, from the three partial indexes that
+-- hold them (jobs_awaiting_queue_idx for the last), and the oldest waiting job. Finished rows are counted by stats_recent (the last hour), never all of them.
 SELECT queue, status, count(*) AS n, min(created_at) AS oldest
 FROM taskq.jobs WHERE status IN ('pending', 'scheduled')
   AND (%(readable)s::text[] IS NULL OR queue LIKE ANY(%(readable)s::text[]))
@@ -136,7 +136,19 @@ SELECT queue, status, count(*), min(started_at)
 FROM taskq.jobs WHERE status = 'running'
   AND (%(readable)s::text[] IS NULL OR queue LIKE ANY(%(readable)s::text[]))
 GROUP BY queue, status
+UNION ALL
+SELECT queue, status, count(*), NULL::timestamptz
+FROM taskq.jobs WHERE status = 'awaiting_parents'
+  AND (%(readable)s::text[] IS NULL OR queue LIKE ANY(%(readable)s::text[]))
+GROUP BY queue, status
 ORDER BY 1, 2;
+
+-- name: stats_queues
+-- Each queue's pause and limits, from taskq.queues (one row per queue an operator or a limit touched).
+SELECT name, paused_at, paused_by, pause_reason, concurrency_limit, concurrency_per_key, rate_limit, rate_period
+FROM taskq.queues
+WHERE (%(readable)s::text[] IS NULL OR name LIKE ANY(%(readable)s::text[]))
+ORDER BY name;
 
 -- name: stats_recent
 -- The finished jobs of the last %(minutes)s minutes per queue, minute and status, with run time p50/p95

@@ -1,5 +1,5 @@
 """The operator writes of the web API and the dashboard, framework-free: each wraps the one service
-function of its action (taskq.operations, taskq.schedule_admin, the client's enqueue checks) in ONE
+function of its action (taskq.operations, taskq.schedule_admin, taskq.queues, the client's enqueue checks) in ONE
 transaction with the permission check, the idempotency receipt, the `expected_revision` check and the
 audit rows, so that all of them commit together or not at all.
 
@@ -20,11 +20,11 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
-from taskq import operations, schedule_admin
+from taskq import operations, queues, schedule_admin
 from taskq.actors.declaration import ActorRegistry
 from taskq.backend import Backend, JobInsert
 from taskq.backend_web import AuditEntry, Tx, audit, fetch_all, fetch_one, jobs, transaction
-from taskq.exceptions import ScheduleNotFound
+from taskq.exceptions import QueueNotFound, ScheduleNotFound
 from taskq.models import JobFilter, JobRow, JobStatus
 from taskq.tokens import Principal
 from taskq.web.problems import Problem, forbidden, not_found, problem_body
@@ -274,6 +274,26 @@ async def schedule_action(backend: Backend, caller: Caller, name: str, verb: str
             done = await schedule_admin.resume_schedule(tx.backend, name)
         await audit(tx.conn, entry, [(None, info.queue, None, ("paused" if done.paused else "resumed")
                                       if done.changed else "unchanged")])
+        return Outcome(200, done.model_dump(mode="json"))
+
+    return await run_write(backend, caller, request_fingerprint, body)
+
+
+async def queue_action(backend: Backend, caller: Caller, name: str, verb: str, *, reason: str | None,
+                       request_fingerprint: str) -> Outcome:
+    """pause or resume one queue (queues:write on it): 200 with {"name", "paused", "changed"}; the queue's
+    own event (taskq.queue_events, by the caller's name) and the audit row commit together."""
+    if not caller.principal.may("queues:write", name):
+        raise forbidden("queues:write", name)
+
+    async def body(tx: Tx) -> Outcome:
+        change = queues.pause_queue if verb == "pause" else queues.resume_queue
+        try:
+            done = await change(tx.backend, name, reason=reason, by=caller.principal.name)
+        except QueueNotFound:
+            raise not_found(f"queue named {name!r} (no worker serves it and no unfinished job names it)") from None
+        outcome = ("paused" if done.paused else "resumed") if done.changed else "unchanged"
+        await audit(tx.conn, caller.entry(f"queues:{verb}", reason=reason), [(None, name, None, outcome)])
         return Outcome(200, done.model_dump(mode="json"))
 
     return await run_write(backend, caller, request_fingerprint, body)

@@ -20,6 +20,7 @@ from starlette.routing import BaseRoute, Route
 from taskq.actors.declaration import default_registry
 from taskq.client import DEFAULT_MAX_PAYLOAD_BYTES, prepare_insert
 from taskq.exceptions import ConfigurationError, DatabaseUnavailable, PayloadInvalid
+from taskq.queues import check_queue_name
 from taskq.tokens import Principal
 from taskq.web import actions, reads
 from taskq.web.actions import BULK_LIMIT, Caller, Outcome
@@ -62,6 +63,10 @@ class EnqueueBody(_Body):
     schedule_to_close: float | None = None
     unique_key: str | None = None
     unique_scope: str = "active"
+
+
+class QueueBody(_Body):
+    reason: str | None = Field(default=None, max_length=10_000)
 
 
 class BulkBody(_Body):
@@ -270,12 +275,12 @@ async def get_stats(request: Request) -> Response:
 
 @endpoint
 async def list_queues(request: Request) -> Response:
-    """GET /queues. Extension point (issue 16): from the queues table with paused and limits once it
-    lands; today the queues that have waiting, running or recently finished jobs."""
+    """GET /queues: every queue of the queues table and every queue with waiting, running or recently
+    finished jobs, with its depth, pause and limits."""
     who = await principal(request)
     st = state_of(request)
     found = await reads.stats(await st.backend(), who)
-    return ok(request, {"queues": [{"name": name, "depth": q["depth"], "paused": None, "limits": None}
+    return ok(request, {"queues": [{"name": name, "depth": q["depth"], "paused": q["paused"], "limits": q["limits"]}
                                    for name, q in sorted(found["queues"].items())]})
 
 
@@ -387,10 +392,13 @@ def _schedule(verb: str) -> Handler:
 
 def _queue(verb: str) -> Handler:
     async def act(request: Request) -> Response:
-        """Extension point (issue 16): pause/resume a queue through taskq's queue-control service
-        functions, audited like the others, once they land."""
-        await principal(request)
-        raise Problem(501, "NOT_IMPLEMENTED", f"queue {verb} needs queue control (issue 16), not in this taskq yet")
+        who = await principal(request)
+        body = await json_body(request)
+        parsed = parse_body(QueueBody, body)
+        name = check_queue_name(request.path_params["name"])
+        outcome = await actions.queue_action(await state_of(request).backend(), caller(request, who), name, verb,
+                                             reason=parsed.reason, request_fingerprint=fingerprint(request, body))
+        return outcome_response(request, outcome)
 
     act.__name__ = f"queue_{verb}"
     return endpoint(act)

@@ -26,7 +26,8 @@ from starlette.routing import BaseRoute, Route
 
 from taskq.actors.declaration import default_registry
 from taskq.exceptions import ConfigurationError, DatabaseUnavailable
-from taskq.models import JobStatus
+from taskq.models import JobStatus, QueueLimits
+from taskq.queues import check_queue_name
 from taskq.tokens import Principal
 from taskq.web import actions, reads
 from taskq.web.actions import BULK_LIMIT, Caller, Outcome
@@ -181,6 +182,7 @@ async def overview(request: Request, who: Principal) -> Response:
         p95s = {datetime.fromisoformat(p["minute"]): p["run_p95"] or 0.0 for p in done}
         queues.append({"name": name, **q, "chart": sparkline([per_minute.get(m, 0) for m in minutes]),
                        "latency_chart": sparkline([p95s.get(m, 0.0) for m in minutes]),
+                       "limits_text": QueueLimits(**q["limits"]).describe(),
                        "p95": max((p["run_p95"] or 0 for p in done), default=None)})
     cancelling = await reads.cancellations(await st.backend(), who, limit=1000)
     return render(request, "overview.html", who, queues=queues, statuses=list(JobStatus),
@@ -330,6 +332,21 @@ async def schedule_action(request: Request, who: Principal) -> Response:
     return RedirectResponse(f"{base_of(request)}/schedules?" + urlencode({"msg": msg}), 303)
 
 
+@page
+async def queue_action(request: Request, who: Principal) -> Response:
+    name = request.path_params["name"]
+    verb = request.path_params["verb"]
+    if verb not in ("pause", "resume"):
+        raise Problem(404, "NOT_FOUND", f"no action {verb!r}")
+    fp = actions.fingerprint("POST", f"/api/v1/queues/{name}:{verb}", {})
+    st = state_of(request)
+    outcome = await actions.queue_action(await st.backend(), caller_of(request, who), check_queue_name(name), verb,
+                                         reason=None, request_fingerprint=fp)
+    st.forget()
+    said = {"pause": "paused", "resume": "resumed"}[verb] if outcome.body["changed"] else f"already {verb}d"
+    return RedirectResponse(f"{base_of(request)}/?" + urlencode({"msg": f"queue {name}: {said}"}), 303)
+
+
 def routes() -> list[BaseRoute]:
     return [
         Route("/login", login, methods=["GET", "POST"]),
@@ -342,5 +359,6 @@ def routes() -> list[BaseRoute]:
         Route("/workers", workers, methods=["GET"]),
         Route("/schedules", schedules, methods=["GET"]),
         Route("/schedules/{name}/{verb}", schedule_action, methods=["POST"]),
+        Route("/queues/{name}/{verb}", queue_action, methods=["POST"]),
         Route("/cancellations", cancellations, methods=["GET"]),
     ]

@@ -7,7 +7,7 @@ import functools
 from typing import Any
 
 from taskq.models import JobRow
-from taskq.web.api import BulkBody, CancelBody, EnqueueBody, RequeueBody
+from taskq.web.api import BulkBody, CancelBody, EnqueueBody, QueueBody, RequeueBody
 
 _REF = "#/components/schemas/{model}"
 
@@ -51,7 +51,7 @@ def schema() -> dict[str, Any]:
     job = {"$ref": _REF.format(model="JobRow")}
     job_answer = {"type": "object", "properties": {"job": job, "previous_status": {"type": "string"}}}
     models = {m.__name__: m.model_json_schema(ref_template=_REF)
-              for m in (JobRow, CancelBody, RequeueBody, EnqueueBody, BulkBody)}
+              for m in (JobRow, CancelBody, RequeueBody, EnqueueBody, BulkBody, QueueBody)}
     components: dict[str, Any] = {}
     for name, s in models.items():
         components.update(s.pop("$defs", {}))
@@ -93,16 +93,20 @@ def schema() -> dict[str, Any]:
                                         {"200": _json("counts by previous status, `more`")}, [])},
         "/workers": {"get": read | {"operationId": "listWorkers"}},
         "/schedules": {"get": read | {"operationId": "listSchedules"}},
-        "/queues": {"get": read | {"operationId": "listQueues"}},
+        "/queues": {"get": read | {"operationId": "listQueues", "summary": "depth, paused and limits per queue"}},
         "/stats": {"get": read | {"operationId": "getStats", "summary": "depth by status, last hour per minute"}},
         "/cancellations": {"get": read | {"operationId": "listCancellations", "summary": "cancels in flight"}},
     }
     for verb in ("pause", "resume", "trigger"):
         paths[f"/schedules/{{name}}:{verb}"] = {"post": write(f"{verb}Schedule", f"{verb} a schedule", None,
                                                               {"200": _json("done")}, [_NAME])}
+    queue_state = {"type": "object", "required": ["name", "paused", "changed"],
+                   "properties": {"name": {"type": "string"}, "paused": {"type": "boolean"},
+                                  "changed": {"type": "boolean", "description": "false: it already was so"}}}
     for verb in ("pause", "resume"):
-        paths[f"/queues/{{name}}:{verb}"] = {"post": write(f"{verb}Queue", f"{verb} a queue (issue 16)", None,
-                                                           {"501": _problem("NOT_IMPLEMENTED")}, [_NAME])}
+        paths[f"/queues/{{name}}:{verb}"] = {"post": write(
+            f"{verb}Queue", f"{verb} a queue fleet-wide (queues:write on it); 404 for an unknown queue",
+            "QueueBody", {"200": _json("the queue's state", queue_state)}, [_NAME])}
     return {
         "openapi": "3.1.0",
         "info": {"title": "taskq operator API", "version": "1"},

@@ -11,12 +11,13 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from taskq import backend_web, schedule_admin
+from taskq import backend_dependencies, backend_web, schedule_admin
 from taskq.backend import Backend
+from taskq.backend_dependencies import DependencyEdge
 from taskq.backend_web import JobPage, fetch_all
 from taskq.checks import check_text
 from taskq.exceptions import ConfigurationError
-from taskq.models import JobFilter, JobRow, JobStatus
+from taskq.models import JobFilter, JobRow, JobStatus, QueueLimits
 from taskq.settings import WorkerSettings
 from taskq.tokens import Principal
 from taskq.web.problems import Problem, bad_request, forbidden, not_found
@@ -144,23 +145,50 @@ async def readable_job(backend: Backend, who: Principal, job_id: UUID) -> JobRow
 
 
 async def job_detail(backend: Backend, who: Principal, job_id: UUID) -> dict[str, Any]:
-    """The row (with its revision), events, attempts, audit, children, and the cancel ladder's clocks.
-    Extension point (issue 15): `parents` lists the jobs this one depends on; today only parent_id."""
+    """The row (with its revision), events, attempts, audit, parents and children, and the cancel ladder's
+    clocks. `parents` are the jobs this one depends on and `children` the jobs that depend on it (the
+    edges of taskq.job_dependencies, each with the other job's status now and how the edge resolved),
+    then the jobs spawned with parent_id (a spawned child shows as {"id", "status", "actor",
+    "spawned": true}); edges to jobs of queues the caller may not read are left out."""
     row = await readable_job(backend, who, job_id)
     events = await backend.job_events(job_id)
     attempts = await backend.job_attempts(job_id)
-    children = await backend_web.jobs(backend, "job_children", {"id": job_id, "limit": DETAIL_CHILDREN})
+    async with backend.pool.connection() as conn:
+        edges = await backend_dependencies.dependencies(conn, job_id)
+    spawned = await backend_web.jobs(backend, "job_children", {"id": job_id, "limit": DETAIL_CHILDREN})
     audit = await fetch_all(backend, "audit_for_job", {"id": job_id})
     ladder = (await cancel_ladders(backend, [row]))[0] if row.cancel_requested_at is not None else None
+    readable = await _readable_ids(backend, who, [e.job_id for e in edges])
+    parents = [_edge(e) for e in edges if e.side == "parent" and e.job_id in readable]
+    children = [_edge(e) for e in edges if e.side == "child" and e.job_id in readable][:DETAIL_CHILDREN]
+    if row.parent_id is not None and all(p["id"] != str(row.parent_id) for p in parents):
+        parents.append({"id": str(row.parent_id), "spawned": True})
+    seen = {c["id"] for c in children}
+    children += [{"id": str(c.id), "status": c.status, "actor": c.actor, "spawned": True} for c in spawned
+                 if str(c.id) not in seen and who.may("jobs:read", c.queue)]
     return {
         "job": row.model_dump(mode="json"),
         "events": [e.model_dump(mode="json") for e in events],
         "attempts": [a.model_dump(mode="json") for a in attempts],
-        "parents": [str(row.parent_id)] if row.parent_id is not None else [],
-        "children": [c.model_dump(mode="json") for c in children if who.may("jobs:read", c.queue)],
+        "parents": parents,
+        "children": children,
         "audit": [_jsonable(a) for a in audit],
         "cancel_ladder": ladder,
     }
+
+
+def _edge(e: DependencyEdge) -> dict[str, Any]:
+    return {"id": str(e.job_id), "status": e.status, "actor": e.actor,
+            "resolved_at": e.resolved_at.isoformat() if e.resolved_at else None, "parent_status": e.parent_status}
+
+
+async def _readable_ids(backend: Backend, who: Principal, ids: list[UUID]) -> set[UUID]:
+    """Which of these jobs the caller may read (a job retention deleted shows: nothing of it is left)."""
+    if not ids or who.readable("jobs:read") is None:
+        return set(ids)
+    rows = await backend.job_list(JobFilter(ids=tuple(ids)), limit=len(ids))
+    hidden = {r.id for r in rows if not who.may("jobs:read", r.queue)}
+    return set(ids) - hidden
 
 
 def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
@@ -233,14 +261,21 @@ async def schedules(backend: Backend, who: Principal) -> list[dict[str, Any]]:
 
 async def stats(backend: Backend, who: Principal, minutes: int = 60) -> dict[str, Any]:
     """Per queue: depth by status (waiting and running), the oldest waiting job, and per minute of the
-    last hour the finished jobs by status with run-time p50/p95. Extension point (issues 15, 16):
-    `awaiting_parents` counts and each queue's `paused` and limits join here once those land."""
+    last hour the finished jobs by status with run-time p50/p95; each queue's `paused` (with who, when
+    and why) and `limits` from taskq.queues (a queue with a row there shows even with no jobs)."""
     if not who.may("jobs:read"):
         raise forbidden("jobs:read", None)
     readable = who.readable()
     depth = await fetch_all(backend, "stats_depth", {"readable": readable})
     recent = await fetch_all(backend, "stats_recent", {"readable": readable, "minutes": minutes})
     queues: dict[str, dict[str, Any]] = {}
+    for r in await fetch_all(backend, "stats_queues", {"readable": readable}):
+        q = queues.setdefault(r["name"], _queue_entry())
+        q["paused"] = r["paused_at"] is not None
+        q["pause"] = {"at": r["paused_at"].isoformat(), "by": r["paused_by"], "reason": r["pause_reason"]} \
+            if r["paused_at"] is not None else None
+        q["limits"] = QueueLimits(concurrency=r["concurrency_limit"], concurrency_per_key=r["concurrency_per_key"],
+                                  rate_limit=r["rate_limit"], rate_period=r["rate_period"]).model_dump(mode="json")
     for r in depth:
         q = queues.setdefault(r["queue"], _queue_entry())
         q["depth"][r["status"]] = r["n"]
@@ -255,8 +290,9 @@ async def stats(backend: Backend, who: Principal, minutes: int = 60) -> dict[str
 
 
 def _queue_entry() -> dict[str, Any]:
+    """A queue without a taskq.queues row: not paused, no limits."""
     return {"depth": {}, "oldest_pending_at": None, "last_hour": {}, "per_minute": [],
-            "paused": None, "limits": None}
+            "paused": False, "pause": None, "limits": QueueLimits().model_dump(mode="json")}
 
 
 def check_problem(exc: Exception) -> Problem:

@@ -81,6 +81,10 @@ class WebState:
         hit = self._stats.get(key)
         return hit[1] if hit is not None and hit[0] > time.monotonic() else None
 
+    def forget(self) -> None:
+        """Drop the cached stats (after a write that changes them, such as a queue's pause)."""
+        self._stats.clear()
+
     def remember(self, key: str, value: Any) -> Any:
         if len(self._stats) > 1000:
             self._stats.clear()

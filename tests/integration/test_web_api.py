@@ -36,6 +36,7 @@ GRANTS = {
     "admin": ["*@*"],
     "reader": ["jobs:read@*"],
     "billing": ["jobs:read@billing-*", "jobs:cancel@billing-*", "jobs:enqueue@billing-*"],
+    "billing-ops": ["jobs:read@*", "queues:write@billing-*"],
 }
 
 
@@ -315,8 +316,34 @@ async def test_job_detail_has_revision_events_attempts_children_and_audit(api: A
     assert d["job"]["revision"] == 2 and d["job"]["status"] == "cancelled"
     assert [e["kind"] for e in d["events"]] == ["state_change", "operator"]
     assert d["attempts"] == [] and d["parents"] == []
-    assert [c_["id"] for c_ in d["children"]] == [str(child[0])]
+    assert [(c_["id"], c_["spawned"]) for c_ in d["children"]] == [(str(child[0]), True)]
     assert [a["outcome"] for a in d["audit"]] == ["cancelled"]
+
+
+async def test_job_detail_shows_the_parents_and_children_of_the_dependency_table(api: Api) -> None:
+    first, second = job(api.dsn), job(api.dsn, status="succeeded")
+    hidden = job(api.dsn, "billing-eu")
+    (waiting,) = query(api.dsn, "INSERT INTO taskq.jobs (actor, payload, status, parents_remaining, dependency_mode)"
+                                " VALUES ('web.join', '{}', 'awaiting_parents', 1, 'on_success') RETURNING id")
+    child = UUID(str(waiting[0]))
+    query(api.dsn, "INSERT INTO taskq.job_dependencies (parent_id, child_id, resolved_at, parent_status) VALUES"
+                   " (%s, %s, NULL, NULL), (%s, %s, now(), 'succeeded'), (%s, %s, NULL, NULL)",
+          first, child, second, child, hidden, child)
+    async with api.client() as c:
+        d = (await c.get(f"/jobs/{child}")).json()
+        up = (await c.get(f"/jobs/{first}")).json()
+        depth = (await c.get("/stats")).json()["queues"]["default"]["depth"]
+    assert sorted((p["id"], p["status"], p["parent_status"]) for p in d["parents"]) == sorted([
+        (str(first), "pending", None), (str(second), "succeeded", "succeeded"), (str(hidden), "pending", None)])
+    assert d["children"] == []
+    assert [(c_["id"], c_["status"], c_["actor"]) for c_ in up["children"]] == [
+        (str(child), "awaiting_parents", "web.join")]
+    assert depth["awaiting_parents"] == 1
+    async with api.client("billing-ops") as c:  # reads every queue: sees all three parents
+        assert len((await c.get(f"/jobs/{child}")).json()["parents"]) == 3
+    async with api.client("billing") as c:  # may not read the child's queue
+        assert_problem(await c.get(f"/jobs/{child}"), 403, "PERMISSION_DENIED")
+        assert [c_["id"] for c_ in (await c.get(f"/jobs/{hidden}")).json()["children"]] == []
 
 
 async def test_openapi_describes_every_route(api: Api) -> None:
@@ -376,9 +403,62 @@ async def test_schedules_pause_resume_and_trigger(api: Api) -> None:
         assert trig.status_code == 200 and UUID(trig.json()["job_id"])
         assert (await c.post("/schedules/nightly:resume")).json()["paused"] is False
         assert_problem(await c.post("/schedules/nope:pause"), 404, "NOT_FOUND")
-        assert_problem(await c.post("/queues/default:pause"), 501, "NOT_IMPLEMENTED")
     assert [r[0] for r in query(api.dsn, "SELECT action FROM taskq.operator_audit ORDER BY id")] == [
         "schedules:pause", "schedules:trigger", "schedules:resume"]
+
+
+def queue_state(dsn: str, name: str) -> tuple[Any, ...] | None:
+    found = query(dsn, "SELECT paused_at IS NOT NULL, paused_by, pause_reason FROM taskq.queues WHERE name = %s",
+                  name)
+    return tuple(found[0]) if found else None
+
+
+async def test_queues_pause_and_resume_are_audited_with_the_queue_event(api: Api) -> None:
+    job(api.dsn, "billing-eu")
+    async with api.client("billing-ops") as c:
+        paused = await c.post("/queues/billing-eu:pause", json={"reason": "maintenance"},
+                              headers={"Idempotency-Key": "qp-1", "X-Request-Id": "req-qp-1"})
+        assert paused.status_code == 200, paused.text
+        assert paused.json() == {"name": "billing-eu", "paused": True, "changed": True}
+        replay = await c.post("/queues/billing-eu:pause", json={"reason": "maintenance"},
+                              headers={"Idempotency-Key": "qp-1"})
+        assert replay.status_code == 200 and replay.json() == paused.json()
+        assert replay.headers["idempotent-replayed"] == "true"
+        listed = {q["name"]: q for q in (await c.get("/queues")).json()["queues"]}
+        assert listed["billing-eu"]["paused"] is True
+        assert listed["billing-eu"]["limits"] == {"concurrency": None, "concurrency_per_key": None,
+                                                  "rate_limit": None, "rate_period": None}
+        stats = (await c.get("/stats")).json()["queues"]["billing-eu"]
+        assert stats["paused"] is True and stats["pause"]["by"] == "billing-ops"
+        assert stats["pause"]["reason"] == "maintenance"
+        again = await c.post("/queues/billing-eu:pause")
+        assert again.status_code == 200 and again.json()["changed"] is False
+        assert queue_state(api.dsn, "billing-eu") == (True, "billing-ops", "maintenance")
+        resumed = await c.post("/queues/billing-eu:resume")
+        assert resumed.json() == {"name": "billing-eu", "paused": False, "changed": True}
+    assert queue_state(api.dsn, "billing-eu") == (False, None, None)
+    assert query(api.dsn, "SELECT principal, action, outcome, queue, reason, job_id FROM taskq.operator_audit"
+                          " ORDER BY id") == [
+        ("billing-ops", "queues:pause", "paused", "billing-eu", "maintenance", None),
+        ("billing-ops", "queues:pause", "unchanged", "billing-eu", None, None),
+        ("billing-ops", "queues:resume", "resumed", "billing-eu", None, None)]
+    assert query(api.dsn, "SELECT request_id FROM taskq.operator_audit ORDER BY id LIMIT 1") == [("req-qp-1",)]
+    assert query(api.dsn, "SELECT kind, done_by, reason FROM taskq.queue_events WHERE queue = 'billing-eu'"
+                          " ORDER BY id") == [("paused", "billing-ops", "maintenance"), ("resumed", "billing-ops", None)]
+
+
+async def test_a_queue_action_on_an_unknown_queue_or_without_the_grant_changes_nothing(api: Api) -> None:
+    job(api.dsn, "default")
+    async with api.client() as c:
+        assert_problem(await c.post("/queues/no-such-queue:pause", headers={"Idempotency-Key": "qp-2"}),
+                       404, "NOT_FOUND")
+    async with api.client("billing-ops") as c:
+        assert_problem(await c.post("/queues/default:pause"), 403, "PERMISSION_DENIED")
+    async with api.client("reader") as c:
+        assert_problem(await c.post("/queues/default:resume"), 403, "PERMISSION_DENIED")
+    assert queue_state(api.dsn, "no-such-queue") is None and queue_state(api.dsn, "default") is None
+    for table in ("queue_events", "operator_audit", "operator_requests"):
+        assert query(api.dsn, f"SELECT count(*) FROM taskq.{table}")[0][0] == 0, table
 
 
 # -- bad input -----------------------------------------------------------------------------------------
@@ -410,6 +490,14 @@ BAD_REQUESTS: list[tuple[str, str, str, dict[str, Any], int, str]] = [
     ("bulk unknown filter", "POST", "/jobs:cancel", {"json": {"filter": {"colour": "red"}}}, 400,
      "INVALID_ARGUMENT"),
     ("schedule action with a body", "POST", "/schedules/x:pause", {"json": {"now": True}}, 400, "INVALID_ARGUMENT"),
+    ("queue pause unknown field", "POST", "/queues/default:pause", {"json": {"now": True}}, 400, "INVALID_ARGUMENT"),
+    ("queue pause reason too long", "POST", "/queues/default:pause", {"json": {"reason": "x" * 10_001}}, 400,
+     "INVALID_ARGUMENT"),
+    ("queue pause NUL reason", "POST", "/queues/default:pause", {"json": {"reason": "a\u0000"}}, 400,
+     "INVALID_ARGUMENT"),
+    ("queue pause reason not text", "POST", "/queues/default:resume", {"json": {"reason": 5}}, 400,
+     "INVALID_ARGUMENT"),
+    ("queue NUL name", "POST", "/queues/a%00b:pause", {}, 400, "INVALID_ARGUMENT"),
 ]
 
 
@@ -428,6 +516,8 @@ async def test_bad_input_gets_the_error_shape_and_changes_nothing(
     assert query(api.dsn, "SELECT count(*) FROM taskq.jobs")[0][0] == jobs_before
     assert query(api.dsn, "SELECT count(*) FROM taskq.operator_audit")[0][0] == 0
     assert query(api.dsn, "SELECT count(*) FROM taskq.operator_requests")[0][0] == 0
+    assert query(api.dsn, "SELECT count(*) FROM taskq.queues")[0][0] == 0
+    assert query(api.dsn, "SELECT count(*) FROM taskq.queue_events")[0][0] == 0
 
 
 # -- serving -------------------------------------------------------------------------------------------

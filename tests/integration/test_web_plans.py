@@ -44,6 +44,7 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("job detail audit", "audit_for_job", {"id": SOME_ID}),
     ("cancels in flight", "jobs_cancelling", {"readable": None, "limit": 500}),
     ("overview depth", "stats_depth", {"readable": None}),
+    ("overview depth, readable queues", "stats_depth", {"readable": ["billing-%", "q1"]}),
     ("overview last hour", "stats_recent", {"readable": None, "minutes": 60}),
     ("workers", "workers_list", {}),
     ("a worker's held jobs", "worker_held_jobs", {"id": "w1", "limit": 100}),
