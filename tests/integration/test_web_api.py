@@ -444,7 +444,8 @@ async def test_queues_pause_and_resume_are_audited_with_the_queue_event(api: Api
         ("billing-ops", "queues:resume", "resumed", "billing-eu", None, None)]
     assert query(api.dsn, "SELECT request_id FROM taskq.operator_audit ORDER BY id LIMIT 1") == [("req-qp-1",)]
     assert query(api.dsn, "SELECT kind, done_by, reason FROM taskq.queue_events WHERE queue = 'billing-eu'"
-                          " ORDER BY id") == [("paused", "billing-ops", "maintenance"), ("resumed", "billing-ops", None)]
+                          " ORDER BY id") == [("paused", "billing-ops", "maintenance"),
+                                              ("resumed", "billing-ops", None)]
 
 
 async def test_a_queue_action_on_an_unknown_queue_or_without_the_grant_changes_nothing(api: Api) -> None:

@@ -1,7 +1,7 @@
 """The dashboard in a real browser: headless Chromium (Debian's `chromium` and `chromium-driver`, which
 .ci/run installs) driven by Selenium with the system driver, against a real `taskq web` process, a real
 worker process and a real database. Log in, filter the jobs, open one, cancel it and watch its timeline
-update without a reload; pause a schedule (queue pause lands with queue control, issue 16); take a
+update without a reload; pause a schedule and a queue; take a
 screenshot of every page (into $TASKQ_WEB_SCREENSHOTS when set, e.g. docs/web, else the test's tmp dir)."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from uuid import UUID
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -73,6 +74,11 @@ def enqueue(dsn: str, actor: str, payload: Any, queue: str = "default", tags: tu
                         " RETURNING id", actor, queue, json.dumps(payload), list(tags))
     query(dsn, "SELECT pg_notify('taskq_jobs', %s)", queue)
     return UUID(str(row[0]))
+
+
+def click(element: Any) -> bool:
+    element.click()
+    return True
 
 
 def wait_css(driver: WebDriver, css: str, timeout: float = 20) -> Any:
@@ -161,6 +167,19 @@ def test_dashboard_in_a_real_browser(
         assert query(dsn, "SELECT paused_by FROM taskq.schedules")[0][0] == "operator"
         shots(b, "schedules")
 
+        # pause a queue from the overview (its row's form; the page polls, so a row can be swapped under us)
+        b.get(web.url + "/")
+        row = "//table[@id='queues']//tr[td/a[text()='billing-eu']]"
+        WebDriverWait(b, 20, ignored_exceptions=(StaleElementReferenceException,)).until(
+            lambda d: click(d.find_element(By.XPATH, row + "//button[contains(@class, 'queue-pause')]")))
+        WebDriverWait(b, 20, ignored_exceptions=(StaleElementReferenceException,)).until(
+            lambda d: "paused by operator" in d.find_element(By.XPATH, row + "/td[@class='queue-state']").text)
+        assert query(dsn, "SELECT paused_by FROM taskq.queues WHERE name = 'billing-eu' AND paused_at IS NOT NULL"
+                     ) == [("operator",)]
+        assert query(dsn, "SELECT kind, done_by FROM taskq.queue_events WHERE queue = 'billing-eu'") == [
+            ("paused", "operator")]
+        shots(b, "overview-paused")
+
         # bulk cancel by filter, behind a confirmation
         b.get(web.url + "/jobs?queue=billing-eu")
         wait_css(b, "#bulk-cancel").click()
@@ -170,6 +189,6 @@ def test_dashboard_in_a_real_browser(
         assert "cancel: 4 of 4 matched" in wait_css(b, "#message").text
         assert query(dsn, "SELECT count(*) FROM taskq.jobs WHERE queue = 'billing-eu' AND status = 'cancelled'"
                      )[0][0] == 4
-        assert query(dsn, "SELECT count(*) FROM taskq.operator_audit WHERE principal = 'operator'")[0][0] == 7
+        assert query(dsn, "SELECT count(*) FROM taskq.operator_audit WHERE principal = 'operator'")[0][0] == 8
     finally:
         web.stop()
