@@ -1,7 +1,7 @@
 """The dashboard in a real browser: headless Chromium (Debian's `chromium` and `chromium-driver`, which
 .ci/run installs) driven by Selenium with the system driver, against a real `taskq web` process, a real
 worker process and a real database. Log in, filter the jobs, open one, cancel it and watch its timeline
-update without a reload; pause a schedule and a queue; take a
+update without a reload, and see its dependent job's edge; pause a schedule and a queue; take a
 screenshot of every page (into $TASKQ_WEB_SCREENSHOTS when set, e.g. docs/web, else the test's tmp dir)."""
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select, WebDriverWait
 from testkit import WebServer, query, wait_until
+
+from taskq import SyncJobsClient
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -102,6 +104,8 @@ def test_dashboard_in_a_real_browser(
     stubborn = enqueue(dsn, "test.sleep", {"seconds": 120, "cooperative": False}, queue="default")
     wait_until(lambda: query(dsn, "SELECT count(*) FROM taskq.jobs WHERE id IN (%s, %s) AND status = 'running'",
                              target, stubborn)[0][0] == 2, timeout=30)
+    with SyncJobsClient.connect(dsn) as client:  # waits on the job the test cancels (a cascade cancels it)
+        follower = client.enqueue("test.noop", "after", depends_on=[target], queue="default").job_id
     web = WebServer(dsn, "--poll-interval", "0.5", "--cancellation-grace-period", "60", "--cleanup-grace-period",
                     "5", log_path=tmp_path / "web.log")
     try:
@@ -137,6 +141,7 @@ def test_dashboard_in_a_real_browser(
         # open one and cancel it; its timeline updates without a reload
         b.find_element(By.LINK_TEXT, str(target)).click()
         wait_css(b, "#cancel")
+        assert str(follower) in b.find_element(By.ID, "children").text
         shots(b, "job")
         b.find_element(By.ID, "cancel-reason").send_keys("demo cancel")
         b.find_element(By.ID, "cancel").click()
@@ -147,6 +152,9 @@ def test_dashboard_in_a_real_browser(
         timeline = b.find_element(By.ID, "timeline").text
         assert "operator" in timeline and "cancel_requested" in timeline and "running → cancelled" in timeline
         shots(b, "job-cancelled")
+        b.get(web.url + f"/jobs/{follower}")
+        parents = wait_css(b, "#parents").text
+        assert str(target) in parents and "resolved cancelled" in parents, parents
 
         # a cancel the actor ignores stays in phase 1 with its grace clock running
         b.get(web.url + f"/jobs/{stubborn}")
