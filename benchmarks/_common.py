@@ -115,6 +115,48 @@ def reset_jobs(dsn: str) -> None:
         conn.execute("VACUUM ANALYZE taskq.jobs")
 
 
+SEED_CHUNK = 100_000
+SEED_SQL = """
+WITH ins AS (
+    INSERT INTO taskq.jobs (id, actor, status, attempt, claim_epoch, created_at, started_at, finished_at, result)
+    SELECT uuidv7(-t.age), %(actor)s, 'succeeded', 1, 1, now() - t.age - interval '2 s',
+           now() - t.age - interval '1 s', now() - t.age, 'null'::jsonb
+    FROM generate_series(%(first)s::int, %(last)s::int) AS g,
+         LATERAL (SELECT %(newest_age)s::float8 * interval '1 second' + (%(rows)s::int - g) * interval '10 ms')
+             AS t(age)
+    RETURNING id, started_at, finished_at
+), ev AS (
+    INSERT INTO taskq.job_events (job_id, at, kind, from_status, to_status, attempt, worker_id, detail)
+    SELECT id, started_at, 'state_change', 'pending', 'running', 1, 'bench', '{"claim_epoch": 1}'::jsonb FROM ins
+    UNION ALL
+    SELECT id, finished_at, 'state_change', 'running', 'succeeded', 1, 'bench', '{"claim_epoch": 1}'::jsonb
+    FROM ins
+), att AS (
+    INSERT INTO taskq.job_attempts (job_id, attempt, claim_epoch, worker_id, started_at, finished_at, outcome)
+    SELECT id, 1, 1, 'bench', started_at, finished_at, 'succeeded' FROM ins
+)
+SELECT count(*) FROM ins
+"""
+
+
+def seed_history(dsn: str, rows: int, *, actor: str, newest_age_s: float,
+                 progress: bool = False) -> float:
+    """Write `rows` succeeded jobs, set-based (INSERT ... SELECT generate_series, not the client), each with
+    its two state_change events and its attempts row as a real history has, then VACUUM ANALYZE the three
+    tables. They finished 10 ms apart, the newest `newest_age_s` ago, in id order (time-ordered UUIDv7, as
+    taskq's own ids: PostgreSQL 18). Returns jobs written per second."""
+    started = time.perf_counter()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for first in range(1, rows + 1, SEED_CHUNK):
+            conn.execute(SEED_SQL, {"actor": actor, "first": first, "last": min(rows, first + SEED_CHUNK - 1),
+                                    "rows": rows, "newest_age": newest_age_s})
+            if progress:
+                print(f"  seeded {min(rows, first + SEED_CHUNK - 1):,} / {rows:,}", file=sys.stderr, end="\r")
+        for table in ("jobs", "job_events", "job_attempts"):
+            conn.execute(pgsql.SQL("VACUUM ANALYZE taskq.{}").format(pgsql.Identifier(table)))
+    return rows / (time.perf_counter() - started)
+
+
 # -- CPU accounting --------------------------------------------------------------------------------
 
 

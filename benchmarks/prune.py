@@ -42,6 +42,7 @@ from _common import (
     machine,
     print_table,
     reset_jobs,
+    seed_history,
     server_facts,
     spawn_worker,
     stop_workers,
@@ -53,32 +54,12 @@ from taskq.client import JobsClient
 
 APP = "benchmarks.apps:actors"
 OLD_ACTOR = "bench.old"
-SEED_CHUNK = 100_000
+SEED_AGE = 2 * 86400.0
+"""Seconds since the newest seeded job finished: past the default 1-day retention_succeeded."""
 MAX_SLOWDOWN = 0.15
 POLL_INTERVAL = 0.25
 NO_PRUNING = {"retention_succeeded": 0, "retention_failed": 0, "retention_attempts": 0}
 
-SEED_SQL = """
-WITH ins AS (
-    INSERT INTO taskq.jobs (id, actor, status, attempt, claim_epoch, created_at, started_at, finished_at, result)
-    SELECT uuidv7(- interval '2 days' - g * interval '10 ms' - interval '2 s'), %(actor)s, 'succeeded', 1, 1,
-           now() - interval '2 days' - g * interval '10 ms' - interval '2 s',
-           now() - interval '2 days' - g * interval '10 ms' - interval '1 s',
-           now() - interval '2 days' - g * interval '10 ms', 'null'::jsonb
-    FROM generate_series(%(first)s::int, %(last)s::int) AS g
-    RETURNING id, started_at, finished_at
-), ev AS (
-    INSERT INTO taskq.job_events (job_id, at, kind, from_status, to_status, attempt, worker_id, detail)
-    SELECT id, started_at, 'state_change', 'pending', 'running', 1, 'bench', '{"claim_epoch": 1}'::jsonb FROM ins
-    UNION ALL
-    SELECT id, finished_at, 'state_change', 'running', 'succeeded', 1, 'bench', '{"claim_epoch": 1}'::jsonb
-    FROM ins
-), att AS (
-    INSERT INTO taskq.job_attempts (job_id, attempt, claim_epoch, worker_id, started_at, finished_at, outcome)
-    SELECT id, 1, 1, 'bench', started_at, finished_at, 'succeeded' FROM ins
-)
-SELECT count(*) FROM ins
-"""
 # index-only on jobs_retention_succeeded_idx: cheap enough to run twice a leg
 OLD_LEFT_SQL = """
 SELECT count(*) FROM taskq.jobs
@@ -94,17 +75,6 @@ WITH gone AS (DELETE FROM taskq.jobs WHERE actor = %(actor)s RETURNING id),
      ev AS (DELETE FROM taskq.job_events WHERE job_id IN (SELECT id FROM gone))
 DELETE FROM taskq.job_attempts WHERE job_id IN (SELECT id FROM gone)
 """
-
-
-def seed(dsn: str, rows: int) -> float:
-    started = time.perf_counter()
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for first in range(1, rows + 1, SEED_CHUNK):
-            conn.execute(SEED_SQL, {"actor": OLD_ACTOR, "first": first, "last": min(rows, first + SEED_CHUNK - 1)})
-        conn.execute("VACUUM ANALYZE taskq.jobs")
-        conn.execute("VACUUM ANALYZE taskq.job_events")
-        conn.execute("VACUUM ANALYZE taskq.job_attempts")
-    return rows / (time.perf_counter() - started)
 
 
 async def enqueue_backlog(dsn: str, jobs: int, batch: int = 5_000) -> None:
@@ -212,7 +182,7 @@ def main() -> None:
             # alternate which leg goes first; each starts from a freshly seeded table
             for with_prune in (False, True) if r % 2 == 0 else (True, False):
                 reset_jobs(dsn)
-                seed_rates.append(seed(dsn, args.rows))
+                seed_rates.append(seed_history(dsn, args.rows, actor=OLD_ACTOR, newest_age_s=SEED_AGE))
                 legs[with_prune] = drain_leg(dsn, args, f"r{r + 1}-{'prune' if with_prune else 'drain'}",
                                              with_prune=with_prune)
             seed_rate = statistics.median(seed_rates)
