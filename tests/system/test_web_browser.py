@@ -83,6 +83,12 @@ def click(element: Any) -> bool:
     return True
 
 
+def waiting(driver: WebDriver, timeout: float) -> WebDriverWait[WebDriver]:
+    """A wait that reads again when the page's polling swapped the element out between finding it and
+    reading it (a stale element reference is a moment of the live page, not a failure)."""
+    return WebDriverWait(driver, timeout, ignored_exceptions=(StaleElementReferenceException,))
+
+
 def wait_css(driver: WebDriver, css: str, timeout: float = 20) -> Any:
     return WebDriverWait(driver, timeout).until(lambda d: d.find_elements(By.CSS_SELECTOR, css) or False)[0]
 
@@ -125,7 +131,7 @@ def test_dashboard_in_a_real_browser(
 
         b.get(web.url + "/")
         wait_css(b, "#queues")
-        WebDriverWait(b, 20).until(lambda d: "billing-eu" in d.find_element(By.ID, "queues").text)
+        waiting(b, 20).until(lambda d: "billing-eu" in d.find_element(By.ID, "queues").text)
         shots(b, "overview")
 
         # filter the jobs
@@ -133,7 +139,7 @@ def test_dashboard_in_a_real_browser(
         Select(wait_css(b, "#f-status")).select_by_value("running")
         b.find_element(By.ID, "f-queue").send_keys("default")
         b.find_element(By.ID, "apply").click()
-        WebDriverWait(b, 20).until(lambda d: "status=running" in d.current_url)
+        waiting(b, 20).until(lambda d: "status=running" in d.current_url)
         rows = b.find_elements(By.CSS_SELECTOR, "#jobs tr.job")
         assert {r.find_element(By.CSS_SELECTOR, "a.job-link").text for r in rows} == {str(target), str(stubborn)}
         shots(b, "jobs")
@@ -147,7 +153,7 @@ def test_dashboard_in_a_real_browser(
         b.find_element(By.ID, "cancel").click()
         assert "202" in wait_css(b, "#message").text
         b.execute_script("window.__same_page = 'yes';")
-        WebDriverWait(b, 30).until(lambda d: d.find_element(By.ID, "status").text == "cancelled")
+        waiting(b, 30).until(lambda d: d.find_element(By.ID, "status").text == "cancelled")
         assert b.execute_script("return window.__same_page;") == "yes", "the page reloaded"
         timeline = b.find_element(By.ID, "timeline").text
         assert "operator" in timeline and "cancel_requested" in timeline and "running → cancelled" in timeline
@@ -161,26 +167,26 @@ def test_dashboard_in_a_real_browser(
         wait_css(b, "#cancel").click()
         wait_css(b, "#message")
         b.get(web.url + "/cancellations")
-        WebDriverWait(b, 20).until(lambda d: str(stubborn) in d.find_element(By.CSS_SELECTOR, "table.phase-1").text)
+        waiting(b, 20).until(lambda d: str(stubborn) in d.find_element(By.CSS_SELECTOR, "table.phase-1").text)
         shots(b, "cancellations")
 
         b.get(web.url + "/workers")
-        WebDriverWait(b, 20).until(lambda d: worker.worker_id() in d.find_element(By.ID, "workers").text)
+        waiting(b, 20).until(lambda d: worker.worker_id() in d.find_element(By.ID, "workers").text)
         shots(b, "workers")
 
         # pause a schedule
         b.get(web.url + "/schedules")
         wait_css(b, "button.sched-pause").click()
-        WebDriverWait(b, 20).until(lambda d: "paused" in d.find_element(By.CSS_SELECTOR, "td.state").text)
+        waiting(b, 20).until(lambda d: "paused" in d.find_element(By.CSS_SELECTOR, "td.state").text)
         assert query(dsn, "SELECT paused_by FROM taskq.schedules")[0][0] == "operator"
         shots(b, "schedules")
 
         # pause a queue from the overview (its row's form; the page polls, so a row can be swapped under us)
         b.get(web.url + "/")
         row = "//table[@id='queues']//tr[td/a[text()='billing-eu']]"
-        WebDriverWait(b, 20, ignored_exceptions=(StaleElementReferenceException,)).until(
+        waiting(b, 20).until(
             lambda d: click(d.find_element(By.XPATH, row + "//button[contains(@class, 'queue-pause')]")))
-        WebDriverWait(b, 20, ignored_exceptions=(StaleElementReferenceException,)).until(
+        waiting(b, 20).until(
             lambda d: "paused by operator" in d.find_element(By.XPATH, row + "/td[@class='queue-state']").text)
         assert query(dsn, "SELECT paused_by FROM taskq.queues WHERE name = 'billing-eu' AND paused_at IS NOT NULL"
                      ) == [("operator",)]
