@@ -225,7 +225,7 @@ def explain(dsn: str) -> dict[str, Any]:
         finish = {"worker_id": "bench-explain", "ids": [r[0] for r in rows], "attempts": [r[1] for r in rows],
                   "epochs": [r[2] for r in rows], "statuses": ["succeeded"] * n, "results": ["null"] * n,
                   "error_classes": [None] * n, "error_messages": [None] * n, "retry_delays": [0.0] * n,
-                  "outcomes": ["succeeded"] * n, "details": [None] * n}
+                  "outcomes": ["succeeded"] * n, "details": [None] * n, "first_traces": [None] * n}
         plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql.query("job_finish_batch"),
                             finish).fetchone()
         assert plan is not None

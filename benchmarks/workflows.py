@@ -82,7 +82,7 @@ def fan_out(dsn: str, n: int) -> dict[str, float]:
         params = {
             "ids": [job_id], "attempts": [attempt], "epochs": [epoch], "statuses": ["succeeded"],
             "results": [None], "error_classes": [None], "error_messages": [None], "retry_delays": [0.0],
-            "outcomes": ["succeeded"], "details": [None], "worker_id": BENCH_WORKER,
+            "outcomes": ["succeeded"], "details": [None], "first_traces": [None], "worker_id": BENCH_WORKER,
         }
         started = time.perf_counter()
         with conn.transaction():

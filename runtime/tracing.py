@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from taskq.contrib.otel import Tracing
 
 _OFF: AbstractContextManager[Any] = contextlib.nullcontext(None)
+FIRST_ATTEMPT = "taskq_first_attempt"
+"""The key of jobs.trace_context under which a retry's write stores the first traced attempt's span (a
+W3C traceparent), for every later attempt's span to link to."""
 
 
 def active() -> Tracing | None:
@@ -32,17 +35,19 @@ def active() -> Tracing | None:
     return otel.tracing()
 
 
-def producer(queue: str, actor: str, job_id: UUID | None, count: int = 1) -> AbstractContextManager[str | None]:
+def producer(queue: str, actor: str, job_id: UUID | None, count: int = 1,
+             parent: Any = None) -> AbstractContextManager[str | None]:
     """A producer span around an enqueue of `count` jobs; it gives the JSON text of the W3C trace context
-    to store on the job(s), or None when not tracing."""
+    to store on the job(s), or None when not tracing. `parent`: the consumer span (what `consumer` gave)
+    of the attempt that enqueues, else the caller's current span is the parent."""
     tracer = active()
-    return _OFF if tracer is None else tracer.producer(queue, actor, job_id, count)
+    return _OFF if tracer is None else tracer.producer(queue, actor, job_id, count, parent)
 
 
 def consumer(job: Any, isolation: str) -> AbstractContextManager[Any]:
     """A consumer span around one attempt of a claimed job (taskq.worker.store.ClaimedJob), current while
-    the actor runs; it gives an object whose `outcome(name, error_type)` records how the attempt ended,
-    or None when not tracing."""
+    the actor runs; it gives an object whose `outcome(name, error_type)` records how the attempt ended and
+    whose `traceparent()` is the span for later attempts to link to, or None when not tracing."""
     tracer = active()
     return _OFF if tracer is None else tracer.consumer(job, isolation)
 

@@ -442,8 +442,10 @@ RETURNING j.id, j.claim_epoch, j.cancel_phase;
 WITH i AS (
     SELECT * FROM unnest(%(ids)b::uuid[], %(attempts)b::int[], %(epochs)b::bigint[], %(statuses)b::text[],
                          %(results)b::jsonb[], %(error_classes)b::text[], %(error_messages)b::text[],
-                         %(retry_delays)b::float8[], %(outcomes)b::text[], %(details)b::jsonb[])
-        AS t(id, attempt, epoch, status, result, error_class, error_message, retry_delay, outcome, detail)
+                         %(retry_delays)b::float8[], %(outcomes)b::text[], %(details)b::jsonb[],
+                         %(first_traces)b::jsonb[])
+        AS t(id, attempt, epoch, status, result, error_class, error_message, retry_delay, outcome, detail,
+             first_trace)
 ), upd AS (
     -- the cancel request is read from the locked row (not from the statement's snapshot), so a request
     -- that commits while this statement waits for the row lock is honoured too
@@ -468,7 +470,10 @@ WITH i AS (
         max_attempts = j.max_attempts
                        + CASE WHEN i.outcome = 'snoozed' AND j.cancel_requested_at IS NULL THEN 1 ELSE 0 END,
         snooze_count = j.snooze_count
-                       + CASE WHEN i.outcome = 'snoozed' AND j.cancel_requested_at IS NULL THEN 1 ELSE 0 END
+                       + CASE WHEN i.outcome = 'snoozed' AND j.cancel_requested_at IS NULL THEN 1 ELSE 0 END,
+        -- a traced retry: its attempt's span, for the later attempts' links (taskq.contrib.otel)
+        trace_context = CASE WHEN i.first_trace IS NULL THEN j.trace_context
+                             ELSE coalesce(j.trace_context, '{}'::jsonb) || i.first_trace END
     FROM i
     -- the fence on status is written as coalesce(j.status, '') (status is NOT NULL: the same test) so that
     -- the planner cannot use the partial index jobs_running_lease_idx here: whenever the last ANALYZE saw
@@ -831,7 +836,7 @@ RETURNING name;
 -- schedule is enabled at all. Always one row at least (NULL schedule columns when nothing is due).
 WITH due AS (
     SELECT name, cron, every_seconds, timezone, misfire, max_catch_up, misfire_grace, overlap, next_run_at,
-           resumed_at
+           resumed_at, queue, actor
     FROM taskq.schedules
     WHERE enabled AND paused_at IS NULL AND next_run_at <= now()
     ORDER BY next_run_at
@@ -843,7 +848,7 @@ SELECT now() AS now,
         WHERE enabled AND paused_at IS NULL AND next_run_at > now()) AS upcoming,
        EXISTS (SELECT 1 FROM taskq.schedules WHERE enabled) AS any_enabled,
        due.name, due.cron, due.every_seconds, due.timezone, due.misfire, due.max_catch_up, due.misfire_grace,
-       due.overlap, due.next_run_at, due.resumed_at
+       due.overlap, due.next_run_at, due.resumed_at, due.queue, due.actor
 FROM (SELECT 1) AS one
 LEFT JOIN due ON true;
 
@@ -857,15 +862,16 @@ WITH plan AS (
     SELECT * FROM unnest(%(names)s::text[], %(next_run_ats)s::timestamptz[], %(missed)s::bigint[])
         AS p(name, next_run_at, missed)
 ), slot AS (
-    SELECT * FROM unnest(%(slot_names)s::text[], %(slot_times)s::timestamptz[], %(slot_ids)s::uuid[])
-        AS t(name, scheduled_for, id)
+    SELECT * FROM unnest(%(slot_names)s::text[], %(slot_times)s::timestamptz[], %(slot_ids)s::uuid[],
+                         %(slot_traces)s::jsonb[])
+        AS t(name, scheduled_for, id, trace_context)
 ), ins AS (
     INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts, scheduled_at,
-                            schedule, scheduled_for, unique_key, unique_scope)
+                            schedule, scheduled_for, unique_key, unique_scope, trace_context)
     SELECT t.id, s.actor, s.queue, s.payload, 'pending', s.priority, s.tags, s.max_attempts, now(),
            s.name, t.scheduled_for,
            'schedule:' || s.name || ':' || to_char(t.scheduled_for AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
-           'retained'
+           'retained', t.trace_context
     FROM slot AS t JOIN taskq.schedules AS s ON s.name = t.name
     WHERE s.overlap = 'allow' OR s.last_job_id IS NULL OR NOT EXISTS (
         SELECT 1 FROM taskq.jobs AS j

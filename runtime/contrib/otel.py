@@ -10,8 +10,10 @@ Spans follow OpenTelemetry's messaging conventions (still "Development" status; 
   (column trace_context).
 - `process {queue}`, CONSUMER, per attempt, in the worker. Attempt 1 is a child of the enqueue span (one
   trace from the producer's request through the job); a later attempt (a retry, or a run after a release
-  or a crash) starts a trace of its own with a link to the enqueue's context, the parent of attempt 1, so
-  a retry links to where the first attempt lives without making one endless trace. The span is current
+  or a crash) starts a trace of its own, without making one endless trace, linked to the first attempt's
+  span (`taskq.link=first_attempt`: a retry's write stores it on the job, under trace_context's key
+  `taskq_first_attempt`) and to the enqueue (`taskq.link=enqueue`). A run after a crash or a release of
+  the first attempt has only the enqueue link: nothing wrote the first attempt's span down. The span is current
   while the actor runs: async actors (in the consumer task), thread actors (the thread runs in a copy of
   the consumer's context) and process actors (the context travels to the child) all continue it.
   Attributes: messaging.system=taskq, messaging.operation.type/name, messaging.destination.name,
@@ -30,9 +32,18 @@ from uuid import UUID
 
 from opentelemetry import context, metrics, propagate, trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from taskq.tracing import FIRST_ATTEMPT
 
 SCHEMA_URL = "https://opentelemetry.io/schemas/1.27.0"
 SYSTEM = "taskq"
+_ROOT = context.Context()
+_ENQUEUE_LINK = {"taskq.link": "enqueue"}
+_FIRST_LINK = {"taskq.link": "first_attempt"}
+
+
+_W3C = TraceContextTextMapPropagator()
 
 
 class Outcome:
@@ -44,10 +55,37 @@ class Outcome:
         self.span = span
 
     def outcome(self, name: str, error_type: str | None = None) -> None:
-        self.span.set_attribute("taskq.outcome", name)
-        if error_type is not None:
-            self.span.set_attribute("error.type", error_type)
-            self.span.set_status(Status(StatusCode.ERROR, error_type))
+        if error_type is None:
+            self.span.set_attribute("taskq.outcome", name)
+            return
+        self.span.set_attributes({"taskq.outcome": name, "error.type": error_type})
+        self.span.set_status(Status(StatusCode.ERROR, error_type))
+
+    def traceparent(self) -> str | None:
+        """This attempt's span as a W3C traceparent, for the later attempts to link to."""
+        sc = self.span.get_span_context()
+        return f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{int(sc.trace_flags):02x}" if sc.is_valid else None
+
+
+class _Consumer:
+    """The consumer span of one attempt, current while the actor runs (a class, not a generator: this is
+    entered once per job)."""
+
+    __slots__ = ("span", "token")
+
+    def __init__(self, span: trace.Span) -> None:
+        self.span = span
+        self.token: object = None
+
+    def __enter__(self) -> Outcome:
+        self.token = context.attach(trace.set_span_in_context(self.span))
+        return Outcome(self.span)
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if exc is not None:
+            self.span.record_exception(exc)
+        context.detach(self.token)  # type: ignore[arg-type]
+        self.span.end()
 
 
 class Tracing:
@@ -55,7 +93,8 @@ class Tracing:
         self.tracer = tracer
 
     @contextlib.contextmanager
-    def producer(self, queue: str, actor: str, job_id: UUID | None, count: int) -> Iterator[str | None]:
+    def producer(self, queue: str, actor: str, job_id: UUID | None, count: int,
+                 parent: Outcome | None = None) -> Iterator[str | None]:
         attributes: dict[str, Any] = {
             "messaging.system": SYSTEM, "messaging.operation.type": "send", "messaging.operation.name": "enqueue",
             "messaging.destination.name": queue, "taskq.actor": actor,
@@ -64,15 +103,18 @@ class Tracing:
             attributes["messaging.message.id"] = str(job_id)
         else:
             attributes["messaging.batch.message_count"] = count
-        with self.tracer.start_as_current_span(f"send {queue}", kind=SpanKind.PRODUCER, attributes=attributes):
+        # `parent`: the consumer span of the attempt that enqueues (ctx.jobs.enqueue), whatever thread or
+        # task the enqueue runs in; else the caller's current span
+        within = trace.set_span_in_context(parent.span) if parent is not None else None
+        with self.tracer.start_as_current_span(f"send {queue}", context=within, kind=SpanKind.PRODUCER,
+                                               attributes=attributes):
             headers: dict[str, str] = {}
             propagate.inject(headers)
             yield json.dumps(headers, separators=(",", ":")) if headers else None
 
-    @contextlib.contextmanager
-    def consumer(self, job: Any, isolation: str) -> Iterator[Outcome]:
-        parent = context.Context()  # never the worker's own ambient context
-        links: list[Link] = []
+    def consumer(self, job: Any, isolation: str) -> _Consumer:
+        parent = _ROOT  # never the worker's own ambient context
+        links: list[Link] | None = None
         stored = job.trace_context
         if stored:
             created = propagate.extract(stored)
@@ -81,23 +123,21 @@ class Tracing:
                 if job.attempt <= 1:
                     parent = created
                 else:
-                    links.append(Link(span_context, {"taskq.link": "enqueue"}))
+                    # a later attempt starts a trace of its own, linked to the first attempt (stored by the
+                    # retry's write) and to the enqueue
+                    links = [Link(span_context, _ENQUEUE_LINK)]
+            first = stored.get(FIRST_ATTEMPT) if job.attempt > 1 else None
+            if first:
+                first_context = trace.get_current_span(_W3C.extract({"traceparent": first})).get_span_context()
+                if first_context.is_valid:
+                    links = [Link(first_context, _FIRST_LINK), *(links or ())]
         attributes: dict[str, Any] = {
             "messaging.system": SYSTEM, "messaging.operation.type": "process", "messaging.operation.name": "process",
             "messaging.destination.name": job.queue, "messaging.message.id": str(job.id), "taskq.actor": job.actor,
             "taskq.attempt": job.attempt, "taskq.isolation": isolation,
         }
-        span = self.tracer.start_span(f"process {job.queue}", context=parent, kind=SpanKind.CONSUMER,
-                                      attributes=attributes, links=links)
-        token = context.attach(trace.set_span_in_context(span))
-        try:
-            yield Outcome(span)
-        except BaseException as exc:
-            span.record_exception(exc)
-            raise
-        finally:
-            context.detach(token)
-            span.end()
+        return _Consumer(self.tracer.start_span(f"process {job.queue}", context=parent, kind=SpanKind.CONSUMER,
+                                                attributes=attributes, links=links))
 
     def carrier(self) -> dict[str, str]:
         headers: dict[str, str] = {}

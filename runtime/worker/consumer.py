@@ -4,8 +4,10 @@ outcome, write it (fenced, batched), then run the hooks."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +62,16 @@ def decide_after_failure(actor: Actor[Any, Any], job: ClaimedJob, exc: BaseExcep
     base.retry_delay = delay
     base.detail = {"retry_in": round(delay, 3)}
     return base
+
+
+def _note_first_attempt(entry: ActiveJob, finish: Finish) -> None:
+    """A traced attempt that will run again: the first one writes its span down for the later ones' links."""
+    stored = entry.job.trace_context
+    if stored is not None and tracing.FIRST_ATTEMPT in stored:
+        return
+    traceparent = entry.span.traceparent()
+    if traceparent is not None:
+        finish.trace_first = json.dumps({tracing.FIRST_ATTEMPT: traceparent})
 
 
 class Consumers:
@@ -152,6 +164,7 @@ class Consumers:
             entry.ctx.request_cancel(entry.cancel_origin)
         self._arm_timers(entry, actor, loop)
         with tracing.consumer(job, actor.isolation) as span:
+            entry.span = span
             if self.w.job_log is not None:
                 self.w.job_log.started(job)
             started = loop.time()
@@ -318,6 +331,8 @@ class Consumers:
     async def _write(self, entry: ActiveJob, finish: Finish) -> str | None:
         """The status written (a retry over an operator's cancel request comes back 'cancelled'), or None."""
         entry.finishing = True
+        if finish.status == RETRY and entry.span is not None:
+            _note_first_attempt(entry, finish)
         try:
             written = await self.w.completer.finish(finish)
         except Exception as exc:
@@ -346,12 +361,19 @@ class Consumers:
                                                      options.pop("dependency_mode", "on_success"))
         job = prepare_insert(target, payload, registry=self.w.actors, max_payload_bytes=1024 * 1024,
                              parent_id=ctx.job_id, **options)
-        if parents:
-            if job.unique_key is not None:
-                raise DependencyInvalid("unique_key cannot be combined with depends_on")
-            inserted = await workflows.enqueue_dependent(self.w.backend, job, parents, mode)
-        else:
-            inserted = await self.w.backend.job_insert_deferred(job)
+        if parents and job.unique_key is not None:
+            raise DependencyInvalid("unique_key cannot be combined with depends_on")
+        entry = self.w.registry.get(ctx.job_id)
+        # the producer span is a child of the enqueuing attempt's consumer span, in whatever thread or task
+        # the actor called from
+        with tracing.producer(job.options.queue, job.options.actor, job.id,
+                              parent=entry.span if entry is not None else None) as trace_context:
+            if trace_context is not None:
+                job = replace(job, options=replace(job.options, trace_context=trace_context))
+            if parents:
+                inserted = await workflows.enqueue_dependent(self.w.backend, job, parents, mode)
+            else:
+                inserted = await self.w.backend.job_insert_deferred(job)
         row = inserted.row()
         return JobHandle(row.id, client=None, row=row, created=inserted.created)
 

@@ -38,6 +38,8 @@ class ActiveJob:
     finishing: bool = False
     """The consumer has started its terminal write; the heartbeat no longer treats a missing row as lost."""
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
+    span: Any = None
+    """The attempt's consumer span (taskq.tracing.consumer) while it runs, when tracing."""
 
     @property
     def id(self) -> UUID:

@@ -3,6 +3,7 @@ insert their slot jobs, move them forward) in one transaction. Named queries fro
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -11,7 +12,7 @@ from uuid import UUID
 
 from psycopg import AsyncConnection
 
-from taskq import sql
+from taskq import sql, tracing
 from taskq.backend import Backend, uuid7_many
 from taskq.schedules import Misfire, Overlap, Schedule, SlotSpec
 
@@ -26,6 +27,8 @@ class DueSchedule:
     overlap: Overlap
     next_run_at: datetime
     resumed_at: datetime | None
+    queue: str = "default"
+    actor: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,31 +93,42 @@ class ScheduleStore:
             if not read.due:
                 return read, [], 0
             fires = plan(read)
-            return read, fires, (await self._fire(conn, fires)) if fires else 0
+            return read, fires, (await self._fire(conn, fires, read.due)) if fires else 0
 
     async def _due(self, conn: AsyncConnection[Any], limit: int) -> DueRead:
         cur = await conn.execute(sql.query("schedule_due"), {"limit": limit})
         rows = await cur.fetchall()
         due = [
-            DueSchedule(name, SlotSpec(cron, every, tz), misfire, max_catch_up, grace, overlap, next_run_at, resumed)
-            for _, _, _, name, cron, every, tz, misfire, max_catch_up, grace, overlap, next_run_at, resumed in rows
+            DueSchedule(name, SlotSpec(cron, every, tz), misfire, max_catch_up, grace, overlap, next_run_at, resumed,
+                        queue, actor)
+            for (_, _, _, name, cron, every, tz, misfire, max_catch_up, grace, overlap, next_run_at, resumed, queue,
+                 actor) in rows
             if name is not None
         ]
         return DueRead(now=rows[0][0], upcoming=rows[0][1], any_enabled=bool(rows[0][2]), due=due)
 
-    async def _fire(self, conn: AsyncConnection[Any], fires: Sequence[Fire]) -> int:
+    async def _fire(self, conn: AsyncConnection[Any], fires: Sequence[Fire], due: Sequence[DueSchedule]) -> int:
         slot_names = [f.name for f in fires for _ in f.slots]
-        cur = await conn.execute(
-            sql.query("schedule_fire"),
-            {
-                "names": [f.name for f in fires],
-                "next_run_ats": [f.next_run_at for f in fires],
-                "missed": [f.missed for f in fires],
-                "slot_names": slot_names,
-                "slot_times": [t for f in fires for t in f.slots],
-                "slot_ids": uuid7_many(len(slot_names)) if slot_names else list[UUID](),
-            },
-        )
+        slot_ids = uuid7_many(len(slot_names)) if slot_names else list[UUID]()
+        with contextlib.ExitStack() as spans:
+            if tracing.active() is None:
+                traces: list[str | None] = [None] * len(slot_ids)
+            else:  # a producer span per slot job, each the root of the job's trace, open until the write
+                target = {d.name: (d.queue, d.actor) for d in due}
+                traces = [spans.enter_context(tracing.producer(*target[name], job_id))
+                          for name, job_id in zip(slot_names, slot_ids, strict=True)]
+            cur = await conn.execute(
+                sql.query("schedule_fire"),
+                {
+                    "names": [f.name for f in fires],
+                    "next_run_ats": [f.next_run_at for f in fires],
+                    "missed": [f.missed for f in fires],
+                    "slot_names": slot_names,
+                    "slot_times": [t for f in fires for t in f.slots],
+                    "slot_ids": slot_ids,
+                    "slot_traces": traces,
+                },
+            )
         row = await cur.fetchone()
         assert row is not None
         return int(row[0])

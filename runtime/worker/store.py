@@ -63,6 +63,9 @@ class Finish:
     error_message: str | None = None
     retry_delay: float | None = None
     detail: dict[str, Any] | None = None
+    trace_first: str | None = None
+    """With a retry (or snooze) of a traced attempt: the JSON object merged into the row's trace_context
+    (tracing.FIRST_ATTEMPT: the attempt's span) that the later attempts link to."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +238,7 @@ class WorkerStore:
             "retry_delays": [f.retry_delay for f in items],
             "outcomes": [f.outcome for f in items],
             "details": [json.dumps(f.detail) if f.detail else None for f in items],
+            "first_traces": [f.trace_first for f in items],
         }
         async with self.pool.connection() as conn:
             cur = await conn.execute(sql.query("job_finish_batch"), params)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from taskq import JobContext, actor
+from taskq import JobContext, RetryPolicy, actor
 from taskq.actors.declaration import ActorRegistry
 
 registry = ActorRegistry()
@@ -33,8 +33,20 @@ def in_process(payload: int) -> str:
     return current_trace_id()
 
 
-@actor(name="otel.flaky", max_attempts=2, registry=registry)
+@actor(name="otel.flaky", max_attempts=3, retry=RetryPolicy(base=0.05, factor=1.0, jitter=0.0), registry=registry)
 async def flaky(payload: int, ctx: JobContext[int]) -> str:
-    if ctx.attempt == 1:
-        raise RuntimeError("first attempt fails")
+    if ctx.attempt < payload:
+        raise RuntimeError(f"attempt {ctx.attempt} fails")
+    return current_trace_id()
+
+
+@actor(name="otel.parent_async", registry=registry)
+async def parent_async(payload: int, ctx: JobContext[int]) -> str:
+    await ctx.jobs.enqueue("otel.async", payload, queue="children")
+    return current_trace_id()
+
+
+@actor(name="otel.parent_thread", isolation="thread", registry=registry)
+def parent_thread(payload: int, ctx: JobContext[int]) -> str:
+    ctx.jobs.enqueue_sync("otel.async", payload, queue="children")
     return current_trace_id()

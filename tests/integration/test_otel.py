@@ -1,10 +1,12 @@
 """OpenTelemetry (taskq.contrib.otel) with an in-memory exporter: the enqueue span and the process span in
-one trace for async, thread and process actors (the trace continued inside the actor), a retry in a
-trace of its own linked to the enqueue, and the spec §10 metric names as instruments."""
+one trace for async, thread and process actors (the trace continued inside the actor), each retry in a
+trace of its own linked to the first attempt and the enqueue, jobs enqueued by actors and by schedules
+traced too, and the spec §10 metric names as instruments."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -18,7 +20,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 from testkit import running_worker, wait_for
 
-from taskq import JobsClient, SyncJobsClient
+from taskq import JobsClient, Schedule, SyncJobsClient
+from taskq.actors.declaration import ActorRegistry
 
 EXPORTER = InMemorySpanExporter()
 READER = InMemoryMetricReader()
@@ -67,20 +70,54 @@ async def test_the_enqueue_and_process_spans_share_one_trace_continued_inside_th
     assert row.result == format(trace_id, "032x"), "the actor did not run inside the process span"
 
 
-async def test_a_retry_runs_in_a_trace_of_its_own_linked_to_the_enqueue(dsn: str, spans: InMemorySpanExporter) -> None:
+async def test_each_retry_runs_in_a_trace_of_its_own_linked_to_the_first_attempt_and_the_enqueue(
+        dsn: str, spans: InMemorySpanExporter) -> None:
     async with await JobsClient.connect(dsn, registry=registry) as client:
-        handle = await client.enqueue("otel.flaky", 1)
+        handle = await client.enqueue("otel.flaky", 3)  # attempts 1 and 2 fail, 3 succeeds
         async with running_worker(dsn, registry):
             row = await handle.wait(timeout=60)
-        first, second = sorted(await wait_for(lambda: _finished(spans, "process default", 2), timeout=20),
-                               key=lambda s: s.start_time or 0)
+        first, second, third = sorted(await wait_for(lambda: _finished(spans, "process default", 3), timeout=20),
+                                      key=lambda s: s.start_time or 0)
     [send] = _finished(spans, "send default", 1)
-    assert send.context is not None and first.context is not None and second.context is not None
-    assert first.context.trace_id == send.context.trace_id
+    assert send.context is not None and first.context is not None
+    assert first.context.trace_id == send.context.trace_id and first.parent is not None
     assert first.attributes is not None and first.attributes["error.type"] == "RuntimeError"
-    assert second.context.trace_id != send.context.trace_id and second.parent is None
-    assert [link.context.span_id for link in second.links] == [send.context.span_id]
-    assert row.result == format(second.context.trace_id, "032x")
+    for later in (second, third):
+        assert later.context is not None and later.parent is None
+        assert later.context.trace_id not in (send.context.trace_id, first.context.trace_id)
+        links = {(link.attributes or {}).get("taskq.link"): link.context.span_id for link in later.links}
+        assert links == {"first_attempt": first.context.span_id, "enqueue": send.context.span_id}, later.links
+    assert third.context is not None and row.result == format(third.context.trace_id, "032x")
+    assert row.trace_context is not None and "taskq_first_attempt" in row.trace_context
+
+
+@pytest.mark.parametrize("actor", ["otel.parent_async", "otel.parent_thread"])
+async def test_a_job_enqueued_by_an_actor_is_traced_from_the_enqueuing_attempt(
+        dsn: str, spans: InMemorySpanExporter, actor: str) -> None:
+    async with await JobsClient.connect(dsn, registry=registry) as client:
+        handle = await client.enqueue(actor, 1)
+        async with running_worker(dsn, registry, queues=["default", "children"]):
+            await handle.wait(timeout=60)
+            [child] = await wait_for(lambda: _finished(spans, "process children", 1), timeout=30)
+    [parent] = _finished(spans, "process default", 1)
+    [send_child] = _finished(spans, "send children", 1)
+    assert parent.context is not None and send_child.context is not None and child.context is not None
+    assert send_child.parent is not None and send_child.parent.span_id == parent.context.span_id
+    assert child.parent is not None and child.parent.span_id == send_child.context.span_id
+    assert child.context.trace_id == parent.context.trace_id
+
+
+async def test_a_schedules_job_is_traced_from_its_fire(dsn: str, spans: InMemorySpanExporter) -> None:
+    reg = ActorRegistry(owner="tests")
+    target = registry.get("otel.async")
+    assert target is not None
+    reg.add(Schedule(name="traced", actor=target, every=timedelta(seconds=1), payload=1))
+    async with running_worker(dsn, reg, schedule_poll_interval=0.2):
+        [process] = await wait_for(lambda: _finished(spans, "process default", 1), timeout=30)
+    sends = _finished(spans, "send default", 1)
+    assert process.parent is not None and process.parent.span_id in {s.context.span_id for s in sends if s.context}
+    send = next(s for s in sends if s.context and process.parent and s.context.span_id == process.parent.span_id)
+    assert send.parent is None and send.attributes is not None and send.attributes["taskq.actor"] == "otel.async"
 
 
 def test_the_sync_client_traces_enqueue_and_enqueue_many(dsn: str, spans: InMemorySpanExporter) -> None:
