@@ -699,7 +699,7 @@ WITH late AS (
 SELECT id FROM upd;
 
 -- name: listen
-LISTEN taskq_jobs; LISTEN taskq_cancel; LISTEN taskq_queues;
+LISTEN taskq_jobs; LISTEN taskq_cancel; LISTEN taskq_queues; LISTEN taskq_settle;
 
 -- name: prune_succeeded
 -- Retention, one bounded batch of the succeeded class (succeeded and cancelled): the oldest finished rows
@@ -892,3 +892,9 @@ WITH plan AS (
 SELECT (SELECT count(*) FROM ins) AS inserted,
        (SELECT count(*) FROM upd) AS updated,
        (SELECT count(pg_notify('taskq_jobs', d.queue)) FROM (SELECT DISTINCT queue FROM ins) AS d) AS notified;
+
+-- name: dependency_settle_backlog
+-- The resolver's step: up to `parents` parents of the dependency backlog that no other resolver holds,
+-- one chunk (taskq.settle_chunk()) of their unresolved edges settled in this transaction, and the parents
+-- with nothing left dropped from the backlog (taskq.settle_backlog, migration 11). Returns the parents taken.
+SELECT taskq.settle_backlog(%(parents)s);

@@ -1,0 +1,230 @@
+-- taskq schema: job dependencies, settled per statement and in bounded chunks.
+--
+-- Migration 9 settled a parent's dependents from a row trigger, all of them, in the parent's terminal
+-- transaction. Two costs followed: a finish batch of k parents of one child updated that child k times
+-- (once per row), and one parent of 10,000 children held its terminal transaction for all 10,000.
+-- This migration replaces that trigger with:
+--   - a statement-level trigger that reads the statement's new rows (a transition table), so a finish
+--     batch settles each child once, whatever number of its parents the batch finished;
+--   - a budget of edges per transaction (taskq.settle_chunk(), 1,000 unless the setting
+--     taskq.settle_chunk says otherwise): the parent's terminal transaction settles at most that many,
+--     and records the parents it left edges on in taskq.dependency_backlog, in the same transaction;
+--   - taskq.settle_backlog(), which every worker's resolver calls (woken by NOTIFY taskq_settle, or its
+--     poll): it takes backlog rows nobody else holds (SKIP LOCKED), settles up to one chunk of their
+--     edges in its own transaction, and drops the rows with nothing left.
+-- Correctness does not depend on who settles an edge: an edge is resolved only WHERE resolved_at IS NULL
+-- (resolving twice counts once), a child's count is lowered by the edges a statement actually resolved,
+-- and a backlog row is deleted only in a transaction that found its parent with no unresolved edge (so a
+-- crash, which rolls back, leaves the row for any later resolver, or the next worker's start).
+
+CREATE TABLE taskq.dependency_backlog (
+    parent_id uuid        PRIMARY KEY,
+    queued_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- The edges one transaction may settle (tests and operators can lower or raise it per role or database).
+CREATE FUNCTION taskq.settle_chunk() RETURNS integer
+    LANGUAGE sql STABLE SET search_path = pg_catalog AS $$
+    SELECT greatest(coalesce(nullif(current_setting('taskq.settle_chunk', true), '')::integer, 1000), 1)
+$$;
+
+-- The cascade over a frontier of terminal parents (p_parents with their statuses), within p_budget edges.
+-- Iterative, one round per generation, as in migration 9: each round resolves up to the remaining budget of
+-- the frontier's unresolved edges in one statement, locks their waiting children in id order, updates
+-- each child once (its count lowered by the edges resolved for it; in on_success mode cancelled when one of
+-- them records a failure), with one event each, and makes the cancelled children with children of their
+-- own the next frontier. When the budget runs out, the current and the next frontier go to the backlog
+-- (a parent there with nothing left is dropped by the resolver) and a NOTIFY wakes the resolvers.
+-- taskq.settling keeps the children's own writes from firing the trigger again. Returns the edges resolved.
+CREATE FUNCTION taskq.settle_frontier(p_parents uuid[], p_statuses text[], p_budget integer) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
+DECLARE
+    frontier uuid[] := p_parents;
+    statuses text[] := p_statuses;
+    budget integer := p_budget;
+    total integer := 0;
+    done integer;
+    kids uuid[];
+    counts integer[];
+    culprits uuid[];
+    faileds text[];
+    was text := coalesce(current_setting('taskq.settling', true), '');
+BEGIN
+    PERFORM set_config('taskq.settling', 'on', true);
+    LOOP
+        WITH f AS (
+            SELECT * FROM unnest(frontier, statuses) AS t(id, status)
+        ), pick AS (
+            SELECT e.parent_id, e.child_id FROM taskq.job_dependencies AS e
+            WHERE e.parent_id = ANY(frontier) AND e.resolved_at IS NULL
+            ORDER BY e.parent_id, e.child_id
+            LIMIT budget
+        ), resolved AS (
+            UPDATE taskq.job_dependencies AS d SET resolved_at = now(), parent_status = f.status
+            FROM pick, f
+            WHERE d.parent_id = pick.parent_id AND d.child_id = pick.child_id AND f.id = d.parent_id
+              AND d.resolved_at IS NULL
+            RETURNING d.child_id, d.parent_id, d.parent_status
+        ), per_child AS (
+            SELECT r.child_id, count(*)::int AS n,
+                   (array_agg(r.parent_id ORDER BY r.parent_id) FILTER (WHERE r.parent_status <> 'succeeded'))[1]
+                       AS culprit,
+                   (array_agg(r.parent_status ORDER BY r.parent_id) FILTER (WHERE r.parent_status <> 'succeeded'))[1]
+                       AS failed
+            FROM resolved AS r GROUP BY r.child_id
+        )
+        SELECT array_agg(c.child_id ORDER BY c.child_id), array_agg(c.n ORDER BY c.child_id),
+               array_agg(c.culprit ORDER BY c.child_id), array_agg(c.failed ORDER BY c.child_id)
+        INTO kids, counts, culprits, faileds
+        FROM per_child AS c;
+        EXIT WHEN kids IS NULL;
+        SELECT sum(x) INTO done FROM unnest(counts) AS x;
+        total := total + done;
+        budget := budget - done;
+        PERFORM 1 FROM taskq.jobs WHERE id = ANY(kids) AND status = 'awaiting_parents' ORDER BY id
+            FOR NO KEY UPDATE;
+        WITH c AS (
+            SELECT t.*, (t.failed IS NOT NULL) AS failing FROM unnest(kids, counts, culprits, faileds)
+                AS t(id, n, culprit, failed)
+        ), upd AS (
+            UPDATE taskq.jobs AS j SET
+                revision = j.revision + 1,
+                parents_remaining = greatest(j.parents_remaining - c.n, 0),
+                status = CASE WHEN c.failing AND j.dependency_mode = 'on_success' THEN 'cancelled'
+                              WHEN j.parents_remaining - c.n > 0 THEN 'awaiting_parents'
+                              WHEN j.scheduled_at > now() THEN 'scheduled'
+                              ELSE 'pending' END,
+                cancel_requested_at = CASE WHEN c.failing AND j.dependency_mode = 'on_success'
+                                           THEN now() ELSE j.cancel_requested_at END,
+                cancel_reason = CASE WHEN c.failing AND j.dependency_mode = 'on_success'
+                                     THEN 'parent-failure:' || c.failed ELSE j.cancel_reason END,
+                error_class = CASE WHEN c.failing AND j.dependency_mode = 'on_success'
+                                   THEN 'ParentFailed' ELSE j.error_class END,
+                error_message = CASE WHEN c.failing AND j.dependency_mode = 'on_success'
+                                     THEN format('parent %s ended %s', c.culprit, c.failed) ELSE j.error_message END,
+                finished_at = CASE WHEN c.failing AND j.dependency_mode = 'on_success'
+                                   THEN now() ELSE j.finished_at END
+            FROM c
+            WHERE j.id = c.id AND j.status = 'awaiting_parents'
+            RETURNING j.id, j.status, j.queue, j.attempt, j.has_dependents, c.culprit, c.failed
+        ), ev AS (
+            INSERT INTO taskq.job_events (job_id, kind, from_status, to_status, attempt, detail)
+            SELECT u.id, 'state_change', 'awaiting_parents', u.status, u.attempt,
+                   CASE WHEN u.status = 'cancelled'
+                        THEN jsonb_build_object('cause', 'parent-failure:' || u.failed, 'parent_id', u.culprit,
+                                                'error_class', 'ParentFailed')
+                        ELSE jsonb_build_object('cause', 'parents-settled') END
+            FROM upd AS u WHERE u.status <> 'awaiting_parents'
+        ), notified AS (
+            SELECT pg_notify('taskq_jobs', q.queue)
+            FROM (SELECT DISTINCT u.queue FROM upd AS u WHERE u.status = 'pending') AS q
+        ), nxt AS (
+            SELECT array_agg(u.id ORDER BY u.id) FILTER (WHERE u.status = 'cancelled' AND u.has_dependents) AS ids
+            FROM upd AS u
+            WHERE (SELECT count(*) FROM notified) >= 0
+        )
+        SELECT CASE WHEN budget > 0 THEN nxt.ids
+                    ELSE frontier || coalesce(nxt.ids, '{}') END
+        INTO frontier FROM nxt;
+        IF budget <= 0 THEN
+            -- out of budget: whatever of these parents is left is the resolvers' (a parent with nothing left
+            -- costs them one look)
+            INSERT INTO taskq.dependency_backlog (parent_id)
+            SELECT DISTINCT x FROM unnest(frontier) AS x ORDER BY x
+            ON CONFLICT (parent_id) DO NOTHING;
+            PERFORM pg_notify('taskq_settle', '');
+            EXIT;
+        END IF;
+        EXIT WHEN frontier IS NULL;
+        statuses := array_fill('cancelled'::text, ARRAY[cardinality(frontier)]);
+    END LOOP;
+    PERFORM set_config('taskq.settling', was, true);
+    RETURN total;
+END $$;
+REVOKE ALL ON FUNCTION taskq.settle_frontier(uuid[], text[], integer) FROM PUBLIC;
+
+-- The one place every terminal write passes (the batched finish, retries exhausted, deadlines, the
+-- operator's cancels, cooperative and forced cancel, abandon, the sweeper's and the supervisor's reclaim,
+-- shutdown's cancelled verdict), now once per statement: the statement's new rows that are terminal and
+-- have dependents are the first frontier. No OLD row is needed: a row that was terminal already has no
+-- unresolved edge (or has one in the backlog, which settling here only helps), so it finds nothing.
+-- Any other UPDATE of taskq.jobs pays one look at its own new rows.
+CREATE FUNCTION taskq.settle_dependents_stmt() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
+DECLARE
+    ids uuid[];
+    sts text[];
+BEGIN
+    IF current_setting('taskq.settling', true) = 'on' THEN
+        RETURN NULL;
+    END IF;
+    SELECT array_agg(n.id ORDER BY n.id), array_agg(n.status ORDER BY n.id) INTO ids, sts
+    FROM settled_rows AS n
+    WHERE n.has_dependents AND n.status IN ('succeeded', 'failed', 'cancelled', 'crashed', 'abandoned');
+    IF ids IS NOT NULL THEN
+        PERFORM taskq.settle_frontier(ids, sts, taskq.settle_chunk());
+    END IF;
+    RETURN NULL;
+END $$;
+
+DROP TRIGGER jobs_settle_dependents ON taskq.jobs;
+DROP FUNCTION taskq.settle_dependents();
+CREATE TRIGGER jobs_settle_dependents AFTER UPDATE ON taskq.jobs
+    REFERENCING NEW TABLE AS settled_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION taskq.settle_dependents_stmt();
+
+-- The resolver's step (every worker runs one): up to p_parents backlog rows nobody else holds, their
+-- parents' status read under a share lock (a requeue of one waits for this transaction, so no edge is
+-- resolved with a status the parent no longer has), one chunk of their edges settled, and the rows with
+-- nothing left (or whose parent is no longer terminal: its next terminal write settles it) deleted.
+-- Returns the backlog rows it took (0: nothing to do, or everything held by other resolvers).
+CREATE FUNCTION taskq.settle_backlog(p_parents integer) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
+DECLARE
+    taken uuid[];
+    ids uuid[];
+    sts text[];
+BEGIN
+    SELECT array_agg(b.parent_id ORDER BY b.parent_id) INTO taken
+    FROM (SELECT parent_id FROM taskq.dependency_backlog ORDER BY queued_at, parent_id LIMIT p_parents
+          FOR UPDATE SKIP LOCKED) AS b;
+    IF taken IS NULL THEN
+        RETURN 0;
+    END IF;
+    SELECT array_agg(p.id ORDER BY p.id), array_agg(p.status ORDER BY p.id) INTO ids, sts
+    FROM (SELECT j.id, j.status FROM taskq.jobs AS j
+          WHERE j.id = ANY(taken) AND j.status IN ('succeeded', 'failed', 'cancelled', 'crashed', 'abandoned')
+          ORDER BY j.id FOR SHARE) AS p;
+    IF ids IS NOT NULL THEN
+        PERFORM taskq.settle_frontier(ids, sts, taskq.settle_chunk());
+    END IF;
+    DELETE FROM taskq.dependency_backlog AS b
+    WHERE b.parent_id = ANY(taken)
+      AND (NOT b.parent_id = ANY(coalesce(ids, '{}'))
+           OR NOT EXISTS (SELECT 1 FROM taskq.job_dependencies AS d
+                          WHERE d.parent_id = b.parent_id AND d.resolved_at IS NULL));
+    RETURN cardinality(taken);
+END $$;
+REVOKE ALL ON FUNCTION taskq.settle_backlog(integer) FROM PUBLIC;
+
+-- Retention: a backlog row of a parent it deletes goes with it (the parent's edges go too).
+CREATE OR REPLACE FUNCTION taskq.delete_terminal_jobs(p_ids uuid[], OUT jobs bigint, OUT events bigint)
+    LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog AS $$
+    WITH gone AS (
+        DELETE FROM taskq.jobs AS j
+        WHERE j.id = ANY(p_ids) AND j.status IN ('succeeded', 'cancelled', 'failed', 'crashed', 'abandoned')
+          AND NOT (j.has_dependents AND EXISTS (
+              SELECT 1 FROM taskq.job_dependencies AS d JOIN taskq.jobs AS c ON c.id = d.child_id
+              WHERE d.parent_id = j.id
+                AND c.status NOT IN ('succeeded', 'cancelled', 'failed', 'crashed', 'abandoned')))
+        RETURNING j.id, j.has_dependents
+    ), ev AS (
+        DELETE FROM taskq.job_events AS e USING gone AS g WHERE e.job_id = g.id
+        RETURNING 1
+    ), edges AS (
+        DELETE FROM taskq.job_dependencies AS d USING gone AS g WHERE d.child_id = g.id OR d.parent_id = g.id
+    ), backlog AS (
+        DELETE FROM taskq.dependency_backlog AS b USING gone AS g WHERE g.has_dependents AND b.parent_id = g.id
+    )
+    SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM ev)
+$$;
