@@ -6,26 +6,34 @@
 -- This migration replaces that trigger with:
 --   - a statement-level trigger that reads the statement's new rows (a transition table), so a finish
 --     batch settles each child once, whatever number of its parents the batch finished;
---   - a budget of edges per transaction (taskq.settle_chunk(), 1,000 unless the setting
+--   - a budget of edges per transaction (taskq.settle_chunk(), 500 unless the setting
 --     taskq.settle_chunk says otherwise): the parent's terminal transaction settles at most that many,
---     and records the parents it left edges on in taskq.dependency_backlog, in the same transaction;
+--     and writes what it left, cut into slices of at most one chunk (a parent and a range of child
+--     ids), to taskq.dependency_backlog, in the same transaction;
 --   - taskq.settle_backlog(), which every worker's resolver calls (woken by NOTIFY taskq_settle, or its
---     poll): it takes backlog rows nobody else holds (SKIP LOCKED), settles up to one chunk of their
---     edges in its own transaction, and drops the rows with nothing left.
+--     poll): it takes one slice nobody else holds (SKIP LOCKED), settles it in its own transaction, and
+--     deletes it. Slices of one parent are settled in parallel by as many steps as run.
 -- Correctness does not depend on who settles an edge: an edge is resolved only WHERE resolved_at IS NULL
 -- (resolving twice counts once), a child's count is lowered by the edges a statement actually resolved,
 -- and a backlog row is deleted only in a transaction that found its parent with no unresolved edge (so a
 -- crash, which rolls back, leaves the row for any later resolver, or the next worker's start).
 
+-- A slice: the unresolved edges of parent_id to children with lo <= child_id < hi (NULL: unbounded). The
+-- slices written for a parent cover every child id, so no edge is outside them; two slices may overlap
+-- (a step out of budget cuts what is left of its own slice again), which costs a look, never a count.
 CREATE TABLE taskq.dependency_backlog (
-    parent_id uuid        PRIMARY KEY,
+    id        bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    parent_id uuid        NOT NULL,
+    lo        uuid,
+    hi        uuid,
     queued_at timestamptz NOT NULL DEFAULT now()
 );
+CREATE INDEX dependency_backlog_parent_idx ON taskq.dependency_backlog (parent_id);
 
 -- The edges one transaction may settle (tests and operators can lower or raise it per role or database).
 CREATE FUNCTION taskq.settle_chunk() RETURNS integer
     LANGUAGE sql STABLE SET search_path = pg_catalog AS $$
-    SELECT greatest(coalesce(nullif(current_setting('taskq.settle_chunk', true), '')::integer, 1000), 1)
+    SELECT greatest(coalesce(nullif(current_setting('taskq.settle_chunk', true), '')::integer, 500), 1)
 $$;
 
 -- The cascade over a frontier of terminal parents (p_parents with their statuses), within p_budget edges.
@@ -36,9 +44,13 @@ $$;
 -- own the next frontier. When the budget runs out, the current and the next frontier go to the backlog
 -- (a parent there with nothing left is dropped by the resolver) and a NOTIFY wakes the resolvers.
 -- taskq.settling keeps the children's own writes from firing the trigger again. Returns the edges resolved.
-CREATE FUNCTION taskq.settle_frontier(p_parents uuid[], p_statuses text[], p_budget integer) RETURNS integer
+-- p_lo, p_hi: the first round takes only the edges to children in [p_lo, p_hi) (a resolver's slice).
+CREATE FUNCTION taskq.settle_frontier(p_parents uuid[], p_statuses text[], p_budget integer,
+                                      p_lo uuid DEFAULT NULL, p_hi uuid DEFAULT NULL) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
 DECLARE
+    lo uuid := p_lo;
+    hi uuid := p_hi;
     frontier uuid[] := p_parents;
     statuses text[] := p_statuses;
     budget integer := p_budget;
@@ -57,6 +69,7 @@ BEGIN
         ), pick AS (
             SELECT e.parent_id, e.child_id FROM taskq.job_dependencies AS e
             WHERE e.parent_id = ANY(frontier) AND e.resolved_at IS NULL
+              AND (lo IS NULL OR e.child_id >= lo) AND (hi IS NULL OR e.child_id < hi)
             ORDER BY e.parent_id, e.child_id
             LIMIT budget
         ), resolved AS (
@@ -105,7 +118,7 @@ BEGIN
                 finished_at = CASE WHEN c.failing AND j.dependency_mode = 'on_success'
                                    THEN now() ELSE j.finished_at END
             FROM c
-            WHERE j.id = c.id AND j.status = 'awaiting_parents'
+            WHERE j.id = c.id AND j.id = ANY(kids) AND j.status = 'awaiting_parents'
             RETURNING j.id, j.status, j.queue, j.attempt, j.has_dependents, c.culprit, c.failed
         ), ev AS (
             INSERT INTO taskq.job_events (job_id, kind, from_status, to_status, attempt, detail)
@@ -123,25 +136,40 @@ BEGIN
             FROM upd AS u
             WHERE (SELECT count(*) FROM notified) >= 0
         )
-        SELECT CASE WHEN budget > 0 THEN nxt.ids
-                    ELSE frontier || coalesce(nxt.ids, '{}') END
-        INTO frontier FROM nxt;
+        SELECT nxt.ids INTO kids FROM nxt;
         IF budget <= 0 THEN
-            -- out of budget: whatever of these parents is left is the resolvers' (a parent with nothing left
-            -- costs them one look)
-            INSERT INTO taskq.dependency_backlog (parent_id)
-            SELECT DISTINCT x FROM unnest(frontier) AS x ORDER BY x
-            ON CONFLICT (parent_id) DO NOTHING;
+            -- out of budget: what is left of this frontier (in this round's range) and all of the next one go
+            -- to the resolvers, in slices of at most one chunk that cover every child id of their parent
+            WITH u AS (
+                SELECT e.parent_id, e.child_id,
+                       row_number() OVER (PARTITION BY e.parent_id ORDER BY e.child_id) AS rn
+                FROM taskq.job_dependencies AS e
+                WHERE e.parent_id = ANY(frontier) AND e.resolved_at IS NULL
+                  AND (lo IS NULL OR e.child_id >= lo) AND (hi IS NULL OR e.child_id < hi)
+            ), cut AS (
+                SELECT u.parent_id, u.child_id, u.rn FROM u WHERE (u.rn - 1) % p_budget = 0
+            ), left_here AS (
+                SELECT c.parent_id, CASE WHEN c.rn = 1 THEN lo ELSE c.child_id END AS lo,
+                       coalesce(lead(c.child_id) OVER (PARTITION BY c.parent_id ORDER BY c.child_id), hi) AS hi
+                FROM cut AS c
+            )
+            INSERT INTO taskq.dependency_backlog (parent_id, lo, hi)
+            SELECT l.parent_id, l.lo, l.hi FROM left_here AS l
+            UNION ALL
+            SELECT x, NULL, NULL FROM unnest(kids) AS x;
             PERFORM pg_notify('taskq_settle', '');
             EXIT;
         END IF;
+        frontier := kids;
         EXIT WHEN frontier IS NULL;
+        lo := NULL;
+        hi := NULL;
         statuses := array_fill('cancelled'::text, ARRAY[cardinality(frontier)]);
     END LOOP;
     PERFORM set_config('taskq.settling', was, true);
     RETURN total;
 END $$;
-REVOKE ALL ON FUNCTION taskq.settle_frontier(uuid[], text[], integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION taskq.settle_frontier(uuid[], text[], integer, uuid, uuid) FROM PUBLIC;
 
 -- The one place every terminal write passes (the batched finish, retries exhausted, deadlines, the
 -- operator's cancels, cooperative and forced cancel, abandon, the sweeper's and the supervisor's reclaim,
@@ -173,37 +201,39 @@ CREATE TRIGGER jobs_settle_dependents AFTER UPDATE ON taskq.jobs
     REFERENCING NEW TABLE AS settled_rows
     FOR EACH STATEMENT EXECUTE FUNCTION taskq.settle_dependents_stmt();
 
--- The resolver's step (every worker runs one): up to p_parents backlog rows nobody else holds, their
--- parents' status read under a share lock (a requeue of one waits for this transaction, so no edge is
--- resolved with a status the parent no longer has), one chunk of their edges settled, and the rows with
--- nothing left (or whose parent is no longer terminal: its next terminal write settles it) deleted.
--- Returns the backlog rows it took (0: nothing to do, or everything held by other resolvers).
-CREATE FUNCTION taskq.settle_backlog(p_parents integer) RETURNS integer
+-- The resolver's step (every worker runs one, or several at once): one backlog slice no other step holds,
+-- its parent's status read under a share lock (a requeue of it waits for this transaction, so no edge is
+-- resolved with a status the parent no longer has), the slice settled (one chunk at most; the cascade below
+-- it within the same budget), and the slice deleted (what a step out of budget leaves is sliced again),
+-- committed without waiting for its WAL flush (see below). A parent no longer terminal: its slice is
+-- dropped (its next terminal write settles it). Returns the slices taken (0: none left, or all held).
+CREATE FUNCTION taskq.settle_backlog(p_slices integer) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
 DECLARE
-    taken uuid[];
-    ids uuid[];
-    sts text[];
+    slice record;
+    taken integer := 0;
+    st text;
 BEGIN
-    SELECT array_agg(b.parent_id ORDER BY b.parent_id) INTO taken
-    FROM (SELECT parent_id FROM taskq.dependency_backlog ORDER BY queued_at, parent_id LIMIT p_parents
-          FOR UPDATE SKIP LOCKED) AS b;
-    IF taken IS NULL THEN
-        RETURN 0;
-    END IF;
-    SELECT array_agg(p.id ORDER BY p.id), array_agg(p.status ORDER BY p.id) INTO ids, sts
-    FROM (SELECT j.id, j.status FROM taskq.jobs AS j
-          WHERE j.id = ANY(taken) AND j.status IN ('succeeded', 'failed', 'cancelled', 'crashed', 'abandoned')
-          ORDER BY j.id FOR SHARE) AS p;
-    IF ids IS NOT NULL THEN
-        PERFORM taskq.settle_frontier(ids, sts, taskq.settle_chunk());
-    END IF;
-    DELETE FROM taskq.dependency_backlog AS b
-    WHERE b.parent_id = ANY(taken)
-      AND (NOT b.parent_id = ANY(coalesce(ids, '{}'))
-           OR NOT EXISTS (SELECT 1 FROM taskq.job_dependencies AS d
-                          WHERE d.parent_id = b.parent_id AND d.resolved_at IS NULL));
-    RETURN cardinality(taken);
+    -- A step needs no WAL flush of its own at commit: should the server crash before it is flushed, the
+    -- step is lost whole (its edges, children and the slice's delete), so its slice is still there and a
+    -- later step does it again. Anything that saw its effects and committed (a claim of a released child)
+    -- flushed the WAL up to its own commit, which is after this one.
+    PERFORM set_config('synchronous_commit', 'off', true);
+    FOR slice IN
+        SELECT b.id, b.parent_id, b.lo, b.hi FROM taskq.dependency_backlog AS b
+        ORDER BY b.queued_at, b.id LIMIT p_slices
+        FOR UPDATE SKIP LOCKED
+    LOOP
+        taken := taken + 1;
+        SELECT j.status INTO st FROM taskq.jobs AS j
+        WHERE j.id = slice.parent_id AND j.status IN ('succeeded', 'failed', 'cancelled', 'crashed', 'abandoned')
+        FOR SHARE;
+        IF st IS NOT NULL THEN
+            PERFORM taskq.settle_frontier(ARRAY[slice.parent_id], ARRAY[st], taskq.settle_chunk(), slice.lo, slice.hi);
+        END IF;
+        DELETE FROM taskq.dependency_backlog WHERE id = slice.id;
+    END LOOP;
+    RETURN taken;
 END $$;
 REVOKE ALL ON FUNCTION taskq.settle_backlog(integer) FROM PUBLIC;
 

@@ -209,7 +209,7 @@ SELECT j.id AS job_id,
 FROM taskq.jobs AS j
 LEFT JOIN taskq.job_dependencies AS d ON d.child_id = j.id
 LEFT JOIN taskq.jobs AS p ON p.id = d.parent_id
-LEFT JOIN taskq.dependency_backlog AS b ON b.parent_id = d.parent_id
+LEFT JOIN (SELECT DISTINCT parent_id FROM taskq.dependency_backlog) AS b ON b.parent_id = d.parent_id
 WHERE j.status = 'awaiting_parents'
 GROUP BY j.id, j.parents_remaining
 HAVING j.parents_remaining <> count(d.parent_id) FILTER (WHERE d.resolved_at IS NULL)

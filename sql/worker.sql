@@ -894,7 +894,7 @@ SELECT (SELECT count(*) FROM ins) AS inserted,
        (SELECT count(pg_notify('taskq_jobs', d.queue)) FROM (SELECT DISTINCT queue FROM ins) AS d) AS notified;
 
 -- name: dependency_settle_backlog
--- The resolver's step: up to `parents` parents of the dependency backlog that no other resolver holds,
--- one chunk (taskq.settle_chunk()) of their unresolved edges settled in this transaction, and the parents
--- with nothing left dropped from the backlog (taskq.settle_backlog, migration 11). Returns the parents taken.
-SELECT taskq.settle_backlog(%(parents)s);
+-- The resolver's step: up to `slices` slices of the dependency backlog that no other step holds, each at
+-- most one chunk (taskq.settle_chunk()) of a parent's unresolved edges, settled in this transaction and
+-- deleted (taskq.settle_backlog, migration 11). Returns the slices taken.
+SELECT taskq.settle_backlog(%(slices)s);

@@ -295,10 +295,10 @@ class WorkerStore:
                 counts[status] = counts.get(status, 0) + 1
             return counts
 
-    async def settle_backlog(self, *, parents: int) -> int:
-        """One resolver step in its own transaction (the pool's autocommit): returns the backlog parents taken."""
+    async def settle_backlog(self, *, slices: int) -> int:
+        """One resolver step in its own transaction: returns the backlog slices it took."""
         async with self.pool.connection() as conn:
-            cur = await conn.execute(sql.query("dependency_settle_backlog"), {"parents": parents})
+            cur = await conn.execute(sql.query("dependency_settle_backlog"), {"slices": slices})
             row = await cur.fetchone()
             return int(row[0]) if row else 0
 
