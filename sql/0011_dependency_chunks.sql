@@ -4,8 +4,8 @@
 -- transaction. Two costs followed: a finish batch of k parents of one child updated that child k times
 -- (once per row), and one parent of 10,000 children held its terminal transaction for all 10,000.
 -- This migration replaces that trigger with:
---   - a statement-level trigger that reads the statement's new rows (a transition table), so a finish
---     batch settles each child once, whatever number of its parents the batch finished;
+--   - a settle per statement (a row trigger notes the parents going terminal, a statement trigger settles
+--     them together), so a finish batch settles each child once, whatever number of its parents it ended;
 --   - a budget of edges per transaction (taskq.settle_chunk(), 500 unless the setting
 --     taskq.settle_chunk says otherwise): the parent's terminal transaction settles at most that many,
 --     and writes what it left, cut into slices of at most one chunk (a parent and a range of child
@@ -173,22 +173,34 @@ REVOKE ALL ON FUNCTION taskq.settle_frontier(uuid[], text[], integer, uuid, uuid
 
 -- The one place every terminal write passes (the batched finish, retries exhausted, deadlines, the
 -- operator's cancels, cooperative and forced cancel, abandon, the sweeper's and the supervisor's reclaim,
--- shutdown's cancelled verdict), now once per statement: the statement's new rows that are terminal and
--- have dependents are the first frontier. No OLD row is needed: a row that was terminal already has no
--- unresolved edge (or has one in the backlog, which settling here only helps), so it finds nothing.
--- Any other UPDATE of taskq.jobs pays one look at its own new rows.
+-- shutdown's cancelled verdict), now once per statement, in two triggers:
+--   - jobs_note_settled, BEFORE UPDATE, per row, whose WHEN is true only for a row with dependents going
+--     terminal (evaluated without calling the function, so any other row pays one boolean test): it adds
+--     the row's id to the transaction-local setting taskq.settle_ids;
+--   - jobs_settle_dependents, AFTER UPDATE, per statement, whose WHEN (evaluated at the statement's end,
+--     after every row's BEFORE trigger) is true only when that setting holds ids: it takes them, reads
+--     their status, and settles them as one frontier.
+-- A statement that ends no parent pays the two WHEN tests and no function call.
+CREATE FUNCTION taskq.note_settled() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
+BEGIN
+    PERFORM set_config('taskq.settle_ids',
+                       coalesce(nullif(current_setting('taskq.settle_ids', true), '') || ',', '') || NEW.id::text,
+                       true);
+    RETURN NEW;
+END $$;
+
 CREATE FUNCTION taskq.settle_dependents_stmt() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
 DECLARE
+    noted uuid[] := string_to_array(current_setting('taskq.settle_ids', true), ',')::uuid[];
     ids uuid[];
     sts text[];
 BEGIN
-    IF current_setting('taskq.settling', true) = 'on' THEN
-        RETURN NULL;
-    END IF;
-    SELECT array_agg(n.id ORDER BY n.id), array_agg(n.status ORDER BY n.id) INTO ids, sts
-    FROM settled_rows AS n
-    WHERE n.has_dependents AND n.status IN ('succeeded', 'failed', 'cancelled', 'crashed', 'abandoned');
+    PERFORM set_config('taskq.settle_ids', '', true);
+    SELECT array_agg(j.id ORDER BY j.id), array_agg(j.status ORDER BY j.id) INTO ids, sts
+    FROM taskq.jobs AS j
+    WHERE j.id = ANY(noted) AND j.status IN ('succeeded', 'failed', 'cancelled', 'crashed', 'abandoned');
     IF ids IS NOT NULL THEN
         PERFORM taskq.settle_frontier(ids, sts, taskq.settle_chunk());
     END IF;
@@ -197,9 +209,15 @@ END $$;
 
 DROP TRIGGER jobs_settle_dependents ON taskq.jobs;
 DROP FUNCTION taskq.settle_dependents();
-CREATE TRIGGER jobs_settle_dependents AFTER UPDATE ON taskq.jobs
-    REFERENCING NEW TABLE AS settled_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION taskq.settle_dependents_stmt();
+CREATE TRIGGER jobs_note_settled BEFORE UPDATE OF status ON taskq.jobs FOR EACH ROW
+    WHEN (NEW.has_dependents
+          AND NEW.status IN ('succeeded', 'failed', 'cancelled', 'crashed', 'abandoned')
+          AND OLD.status NOT IN ('succeeded', 'failed', 'cancelled', 'crashed', 'abandoned')
+          AND current_setting('taskq.settling', true) IS DISTINCT FROM 'on')
+    EXECUTE FUNCTION taskq.note_settled();
+CREATE TRIGGER jobs_settle_dependents AFTER UPDATE ON taskq.jobs FOR EACH STATEMENT
+    WHEN (coalesce(current_setting('taskq.settle_ids', true), '') <> '')
+    EXECUTE FUNCTION taskq.settle_dependents_stmt();
 
 -- The resolver's step (every worker runs one, or several at once): one backlog slice no other step holds,
 -- its parent's status read under a share lock (a requeue of it waits for this transaction, so no edge is
