@@ -41,8 +41,8 @@ $$;
 -- the frontier's unresolved edges in one statement, locks their waiting children in id order, updates
 -- each child once (its count lowered by the edges resolved for it; in on_success mode cancelled when one of
 -- them records a failure), with one event each, and makes the cancelled children with children of their
--- own the next frontier. When the budget runs out, the current and the next frontier go to the backlog
--- (a parent there with nothing left is dropped by the resolver) and a NOTIFY wakes the resolvers.
+-- own the next frontier. When the budget runs out, what is left of the current frontier and all of the next
+-- go to the backlog, in slices of at most p_budget edges, and a NOTIFY wakes the resolvers.
 -- taskq.settling keeps the children's own writes from firing the trigger again. Returns the edges resolved.
 -- p_lo, p_hi: the first round takes only the edges to children in [p_lo, p_hi) (a resolver's slice).
 CREATE FUNCTION taskq.settle_frontier(p_parents uuid[], p_statuses text[], p_budget integer,
