@@ -2,7 +2,8 @@
 wait on parents, read a job's edges and its parents' results, and revive cascaded children at a requeue.
 
 The cascade itself is not here: it runs in the database, in the parents' own terminal transactions
-(the trigger jobs_settle_dependents, migration 7), whichever statement wrote the terminal status.
+(the statement trigger jobs_settle_dependents, migration 11), whichever statement wrote the terminal
+status, up to one chunk of edges; the worker's resolver (taskq.worker.resolver) settles the rest.
 """
 
 from __future__ import annotations

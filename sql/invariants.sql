@@ -170,8 +170,9 @@ FROM claims
 WHERE attempt <= prev_attempt OR epoch <= prev_epoch;
 
 -- name: inv_awaiting_parents_settled
--- No job waits for parents that are all terminal (or gone): the cascade runs in the parents' own terminal
--- transactions, so no lag is allowed.
+-- No job waits for parents that are all terminal (or gone). The cascade runs in the parents' own terminal
+-- transactions, up to taskq.settle_chunk() edges each; the only lag allowed is a child whose unresolved edge
+-- is to a parent in taskq.dependency_backlog (queued in that same transaction, settled by the resolvers).
 SELECT j.id AS job_id,
        format('awaiting_parents (remaining %%s) but its %%s parent(s) are terminal', j.parents_remaining,
               count(d.parent_id)) AS detail
@@ -179,6 +180,8 @@ FROM taskq.jobs AS j
 LEFT JOIN taskq.job_dependencies AS d ON d.child_id = j.id
 LEFT JOIN taskq.jobs AS p ON p.id = d.parent_id
 WHERE j.status = 'awaiting_parents'
+  AND NOT EXISTS (SELECT 1 FROM taskq.job_dependencies AS u JOIN taskq.dependency_backlog AS b
+                  ON b.parent_id = u.parent_id WHERE u.child_id = j.id AND u.resolved_at IS NULL)
 GROUP BY j.id, j.parents_remaining
 HAVING coalesce(bool_and(p.status IN ('succeeded', 'failed', 'cancelled', 'crashed', 'abandoned')
                          OR p.id IS NULL), true);
@@ -195,7 +198,8 @@ WHERE j.error_class = 'ParentFailed'
 
 -- name: inv_parents_remaining_matches_edges
 -- A waiting job's remaining count is its number of unresolved edges, and every unresolved edge's parent
--- is not terminal (an edge is resolved in the parent's terminal transaction).
+-- is not terminal (an edge is resolved in the parent's terminal transaction), or is in the backlog (its
+-- terminal transaction left edges beyond its chunk to the resolvers).
 SELECT j.id AS job_id,
        format('parents_remaining %%s, unresolved edges %%s, of them to terminal parents %%s', j.parents_remaining,
               count(d.parent_id) FILTER (WHERE d.resolved_at IS NULL),
@@ -205,10 +209,11 @@ SELECT j.id AS job_id,
 FROM taskq.jobs AS j
 LEFT JOIN taskq.job_dependencies AS d ON d.child_id = j.id
 LEFT JOIN taskq.jobs AS p ON p.id = d.parent_id
+LEFT JOIN (SELECT DISTINCT parent_id FROM taskq.dependency_backlog) AS b ON b.parent_id = d.parent_id
 WHERE j.status = 'awaiting_parents'
 GROUP BY j.id, j.parents_remaining
 HAVING j.parents_remaining <> count(d.parent_id) FILTER (WHERE d.resolved_at IS NULL)
-    OR count(d.parent_id) FILTER (WHERE d.resolved_at IS NULL
+    OR count(d.parent_id) FILTER (WHERE d.resolved_at IS NULL AND b.parent_id IS NULL
                                   AND p.status IN ('succeeded', 'failed', 'cancelled', 'crashed', 'abandoned')) > 0;
 
 -- name: inv_global_limit

@@ -20,7 +20,7 @@ BEGIN;
 REVOKE ALL ON ALL TABLES IN SCHEMA taskq FROM :"worker_role", :"client_role";
 REVOKE ALL ON SCHEMA taskq FROM :"worker_role", :"client_role";
 REVOKE ALL ON FUNCTION taskq.delete_terminal_jobs(uuid[]), taskq.delete_finished_attempts(uuid[], bigint[]),
-    taskq.revive_dependents(uuid[], text)
+    taskq.revive_dependents(uuid[], text), taskq.settle_backlog(integer)
     FROM :"worker_role", :"client_role";
 
 GRANT USAGE ON SCHEMA taskq TO :"worker_role", :"client_role";
@@ -46,6 +46,8 @@ GRANT SELECT, INSERT ON taskq.job_events TO :"worker_role";
 -- child jobs with depends_on (ctx.jobs.enqueue): their edges; the cascade that resolves them runs as the
 -- owner (the jobs_settle_dependents trigger)
 GRANT SELECT, INSERT ON taskq.job_dependencies TO :"worker_role";
+-- the resolver settles the edges a terminal transaction left beyond its chunk through an owner function
+GRANT EXECUTE ON FUNCTION taskq.settle_backlog(integer) TO :"worker_role";
 GRANT SELECT, INSERT, UPDATE ON taskq.job_attempts TO :"worker_role";
 GRANT EXECUTE ON FUNCTION taskq.delete_terminal_jobs(uuid[]) TO :"worker_role";
 GRANT EXECUTE ON FUNCTION taskq.delete_finished_attempts(uuid[], bigint[]) TO :"worker_role";

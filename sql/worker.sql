@@ -704,7 +704,7 @@ WITH late AS (
 SELECT id FROM upd;
 
 -- name: listen
-LISTEN taskq_jobs; LISTEN taskq_cancel; LISTEN taskq_queues;
+LISTEN taskq_jobs; LISTEN taskq_cancel; LISTEN taskq_queues; LISTEN taskq_settle;
 
 -- name: prune_succeeded
 -- Retention, one bounded batch of the succeeded class (succeeded and cancelled): the oldest finished rows
@@ -898,3 +898,9 @@ WITH plan AS (
 SELECT (SELECT count(*) FROM ins) AS inserted,
        (SELECT count(*) FROM upd) AS updated,
        (SELECT count(pg_notify('taskq_jobs', d.queue)) FROM (SELECT DISTINCT queue FROM ins) AS d) AS notified;
+
+-- name: dependency_settle_backlog
+-- The resolver's step: up to `slices` slices of the dependency backlog that no other step holds, each at
+-- most one chunk (taskq.settle_chunk()) of a parent's unresolved edges, settled in this transaction and
+-- deleted (taskq.settle_backlog, migration 11). Returns the slices taken.
+SELECT taskq.settle_backlog(%(slices)s);

@@ -14,6 +14,7 @@ from taskq import sql
 from taskq.backend import CANCEL_CHANNEL, JOBS_CHANNEL
 from taskq.backend_queues import QUEUES_CHANNEL
 from taskq.metrics import JOBS_CLAIMED, JOBS_IN_FLIGHT, LIMITED_CLAIMS
+from taskq.worker.resolver import SETTLE_CHANNEL
 
 if TYPE_CHECKING:
     from taskq.worker.main import Worker
@@ -129,12 +130,15 @@ class Listener:
                     backoff = 0.1
                     self.w.control.invalidate()  # a pause or limit change made while we were away
                     self.w.dispatcher.wake.set()  # anything enqueued while we were away
+                    self.w.resolver.wake.set()  # a backlog written while we were away
                     async for note in conn.notifies():
                         if note.channel == JOBS_CHANNEL:
                             if note.payload in queues:
                                 self.w.dispatcher.wake.set()
                         elif note.channel == CANCEL_CHANNEL:
                             self._on_cancel(note.payload)
+                        elif note.channel == SETTLE_CHANNEL:
+                            self.w.resolver.wake.set()
                         elif note.channel == QUEUES_CHANNEL:
                             if note.payload in queues or note.payload == "*":
                                 self.w.control.invalidate()

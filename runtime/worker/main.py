@@ -1,4 +1,5 @@
-"""The worker process: one event loop, a dispatcher, consumers, a heartbeat, a listener and a sweeper."""
+"""The worker process: one event loop, a dispatcher, consumers, a heartbeat, a listener, a sweeper and a
+dependency resolver."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from taskq.worker.registry import ActiveJob, ActiveJobRegistry
 from taskq.worker.schedule_store import ScheduleStore
 from taskq.worker.scheduler import Scheduler
 from taskq.worker.store import ClaimedJob, WorkerStore
+from taskq.worker.resolver import Resolver
 from taskq.worker.sweeper import Sweeper
 
 log = logging.getLogger("taskq.worker")
@@ -129,6 +131,7 @@ class Worker:
         self.dispatcher = Dispatcher(self)
         self.listener = Listener(self, "")
         self.sweeper = Sweeper(self)
+        self.resolver = Resolver(self)
         self.watchdog = ShutdownWatchdog(settings.effective_shutdown_timeout, self._describe_held)
 
     # -- wiring used by the parts --------------------------------------------------------------
@@ -289,6 +292,7 @@ class Worker:
             "completer": loop.create_task(self.completer.run(), name="taskq-completer"),
             "heartbeat": loop.create_task(self.heartbeat.run(), name="taskq-heartbeat"),
             "sweeper": loop.create_task(self.sweeper.run(), name="taskq-sweeper"),
+            "resolver": loop.create_task(self.resolver.run(), name="taskq-resolver"),
             "pruner": loop.create_task(self.pruner.run(), name="taskq-pruner"),
             "scheduler": loop.create_task(self.scheduler.run(), name="taskq-scheduler"),
             "dispatcher": loop.create_task(self.dispatcher.run(), name="taskq-dispatcher"),

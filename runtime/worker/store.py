@@ -299,6 +299,13 @@ class WorkerStore:
                 counts[status] = counts.get(status, 0) + 1
             return counts
 
+    async def settle_backlog(self, *, slices: int) -> int:
+        """One resolver step in its own transaction: returns the backlog slices it took."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(sql.query("dependency_settle_backlog"), {"slices": slices})
+            row = await cur.fetchone()
+            return int(row[0]) if row else 0
+
     async def sweep_deadlines(self, *, limit: int = 500) -> int:
         async with self.pool.connection() as conn:
             cur = await conn.execute(sql.query("job_sweep_deadline"), {"limit": limit, "sweeper_id": self.worker_id})

@@ -18,7 +18,7 @@ from taskq.migrations import migrate, migrate_dsn
 
 EXPECTED_TABLES = {
     "jobs", "job_events", "job_attempts", "workers", "lease_losses", "schema_migrations", "schedules",
-    "api_tokens", "operator_requests", "operator_audit", "job_dependencies",
+    "api_tokens", "operator_requests", "operator_audit", "job_dependencies", "dependency_backlog",
     "queues", "actor_limits", "queue_events", "rate_starts",
 }
 

@@ -223,6 +223,25 @@ async def test_dependencies_work_under_the_roles(roles: Roles, dsn: str) -> None
         assert await status_of(client, late.job_id) is JobStatus.CANCELLED
 
 
+async def test_the_worker_roles_resolver_settles_a_fan_out_beyond_one_chunk(roles: Roles, dsn: str) -> None:
+    """The client's cancel of a parent settles one chunk; the rest is the backlog, which the worker role
+    settles through taskq.settle_backlog (the only way it can: it has no grant on the backlog or edges)."""
+    dbname = query(dsn, "SELECT current_database()")[0][0]
+    query(dsn, f'ALTER DATABASE "{dbname}" SET taskq.settle_chunk = \'20\'')
+    async with await JobsClient.connect(roles.client_dsn, registry=registry) as client:
+        parent = await client.enqueue(echo, Msg(text="p"), queue="parents")
+        await client.enqueue_many(echo, [Msg(text=str(i)) for i in range(70)], depends_on=[parent],
+                                  dependency_mode="on_any_terminal", queue="kids")
+        await client.cancel(parent.job_id)
+    waiting = "SELECT count(*) FROM taskq.jobs WHERE queue = 'kids' AND status = 'awaiting_parents'"
+    assert query(dsn, waiting) == [(50,)]
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        query(roles.worker_dsn, "DELETE FROM taskq.dependency_backlog")
+    async with running_worker(roles.worker_dsn, registry, queues=["elsewhere"]):
+        await wait_for(lambda: query(dsn, waiting) == [(0,)], timeout=30)
+    assert query(dsn, "SELECT count(*) FROM taskq.dependency_backlog") == [(0,)]
+
+
 async def test_worker_role_runs_schedules_and_client_role_manages_them(roles: Roles, dsn: str) -> None:
     from datetime import timedelta as td
 

@@ -1,6 +1,7 @@
 """Job dependencies through the terminal paths that need real worker processes and real signals: a parent
 whose worker is killed with kill -9 (reclaimed by another worker's sweeper, or by the supervisor's
-reclaimer at once), and shutdown's cancelled verdict. The child settles in the parent's transaction."""
+reclaimer at once), and shutdown's cancelled verdict. The child settles in the parent's transaction. And a
+worker killed with kill -9 while its resolver settles a fan-out beyond one chunk."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import time
 from typing import Any
 from uuid import UUID
 
+import psycopg
 import pytest
 from testkit import insert_job, query, wait_until
 
 from taskq import JobsClient
+from taskq.invariants import check_invariants
 from taskq.supervisor.reclaim import Reclaimer
 from taskq.worker import exitcodes
 
@@ -105,3 +108,55 @@ def test_shutdowns_cancelled_verdict_cascades_to_the_child(dsn: str, spawn_worke
     # the row (job_release_batch says so); on a loaded machine either may win, and both are terminal writes
     # that must settle the child
     assert detail.get("cause") == "shutdown" or detail.get("cancel_phase") == 2, detail
+
+
+def test_a_worker_killed_with_kill_9_mid_resolution_strands_nothing(dsn: str, spawn_worker: Any) -> None:
+    """A fan-out beyond one chunk: the resolver of worker 1 is stopped midway (a child row it needs is held
+    by this test), worker 1 is killed with kill -9, and its step's transaction ends without committing.
+    What it had committed stays, its backlog row stays, and a new worker finishes the rest, each child
+    settled exactly once."""
+    chunk, children = 50, 300
+    dbname = query(dsn, "SELECT current_database()")[0][0]
+    query(dsn, f'ALTER DATABASE "{dbname}" SET taskq.settle_chunk = \'{chunk}\'')
+
+    async def enqueue() -> tuple[UUID, list[UUID]]:
+        async with await JobsClient.connect(dsn) as client:
+            parent = await client.enqueue("test.noop", 1)
+            kids = await client.enqueue_many("dep.child", list(range(children)), depends_on=[parent],
+                                             queue="nobody")
+            return parent.job_id, [k.job_id for k in kids]
+
+    parent, kids = asyncio.run(enqueue())
+    released = "SELECT count(*) FROM taskq.jobs WHERE queue = 'nobody' AND status = 'pending'"
+    stuck = ("SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s "
+             "AND datname = current_database()")
+    step = "%settle_backlog%"
+    with psycopg.connect(dsn) as holder:
+        # the child settled last (the edges go in child id order): the resolver's last step waits for it
+        holder.execute("SELECT 1 FROM taskq.jobs WHERE id = %s FOR UPDATE", (max(kids),))
+        w1 = spawn_worker()
+        blocked = wait_until(lambda: query(dsn, stuck, step), timeout=60)
+        assert row(dsn, parent)["status"] == "succeeded"
+        before = query(dsn, released)[0][0]
+        assert before == children - chunk, before  # the parent's chunk, and the resolver's committed steps
+        w1.signal(signal.SIGKILL)
+        w1.wait(10)
+        # the server learns of a dead client at its next write to the socket; end that session as it would
+        query(dsn, "SELECT pg_terminate_backend(%s)", blocked[0][0])
+        wait_until(lambda: not query(dsn, stuck, step))
+        holder.rollback()
+    assert query(dsn, released)[0][0] == before  # the killed step committed nothing
+    assert query(dsn, "SELECT parent_id, count(*) FROM taskq.dependency_backlog GROUP BY 1") == [(parent, 1)]
+    spawn_worker(queues=["elsewhere"]).worker_id()  # its resolver takes the backlog up at its start
+    wait_until(lambda: query(dsn, released)[0][0] == children, timeout=60)
+    wait_until(lambda: query(dsn, "SELECT count(*) FROM taskq.dependency_backlog")[0][0] == 0)
+    assert query(dsn, """SELECT count(*), count(DISTINCT e.job_id) FROM taskq.job_events AS e
+                         JOIN taskq.jobs AS j ON j.id = e.job_id
+                         WHERE j.queue = 'nobody' AND e.from_status = 'awaiting_parents'""") == [(children, children)]
+    assert query(dsn, "SELECT sum(parents_remaining) FROM taskq.jobs WHERE queue = 'nobody'") == [(0,)]
+
+    async def check() -> list[Any]:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            return list((await check_invariants(conn, stale_after=0)).violations)
+
+    assert asyncio.run(check()) == []

@@ -1,0 +1,56 @@
+"""The resolver: settles the dependency backlog, the edges a parent's terminal transaction left beyond its
+chunk (migration 11). Runs on every worker, beside the sweeper: woken by NOTIFY taskq_settle (the listener)
+and polling every `poll_interval` besides, and once at start, so a backlog left by a crash, or written
+while no worker ran, is taken up by the next worker. Each step settles one backlog slice (at most one chunk
+of edges) in one transaction; SKIP LOCKED on the slices keeps concurrent steps apart, and a step killed
+midway rolls back and leaves its slice to the next one."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from taskq.worker.main import Worker
+
+log = logging.getLogger("taskq.resolver")
+
+SETTLE_CHANNEL = "taskq_settle"
+SLICES_PER_STEP = 1
+"""Backlog slices one step takes (each is at most one chunk of edges)."""
+STEPS_AT_ONCE = 2
+"""Steps one worker runs in parallel, each on its own connection: the slices of one big fan-out are
+settled side by side (the database does the work; one step alone leaves a core idle)."""
+
+
+class Resolver:
+    def __init__(self, worker: Worker) -> None:
+        self.w = worker
+        self.wake = asyncio.Event()
+
+    async def run(self) -> None:
+        interval = self.w.settings.poll_interval
+        while True:
+            self.wake.clear()
+            try:
+                await self.resolve_once()
+            except Exception as exc:
+                log.warning("dependency resolution failed: %s", exc)
+            try:
+                await asyncio.wait_for(self.wake.wait(), timeout=interval)
+            except TimeoutError:
+                pass
+
+    async def resolve_once(self) -> int:
+        """Steps until the backlog is empty (or held by other resolvers); returns the steps that took rows."""
+        steps = sum(await asyncio.gather(*(self._steps() for _ in range(STEPS_AT_ONCE))))
+        if steps:
+            log.debug("resolver: %d steps", steps)
+        return steps
+
+    async def _steps(self) -> int:
+        steps = 0
+        while await self.w.store.settle_backlog(slices=SLICES_PER_STEP):
+            steps += 1
+        return steps
