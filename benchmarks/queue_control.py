@@ -42,9 +42,9 @@ import psycopg
 from _common import (
     DSN_HELP,
     RESULTS_DIR,
+    ServerCpu,
     announce,
     bench_database,
-    ServerCpu,
     cpu_between,
     cpu_snapshot,
     header,
@@ -257,9 +257,10 @@ def main() -> None:
                     result = drain_round(base_dsn if variant in BASELINE_VARIANTS else dsn, args, variant, workers, tag)
                     result["round"] = r + 1
                     rounds.append(result)
-                    print(f"  round {r + 1}/{args.rounds} {workers} worker(s) {variant}: {result['jobs_per_s']:,.0f} jobs/s,"
-                          f" {result['worker_cpu_us_per_job']:.0f} + {result['server_cpu_us_per_job'] or 0:.0f} us CPU/job,"
-                          f" load {result['loadavg'][0]}", file=sys.stderr)
+                    print(f"  round {r + 1}/{args.rounds} {workers} worker(s) {variant}:"
+                          f" {result['jobs_per_s']:,.0f} jobs/s, {result['worker_cpu_us_per_job']:.0f}"
+                          f" + {result['server_cpu_us_per_job'] or 0:.0f} us CPU/job, load {result['loadavg'][0]}",
+                          file=sys.stderr)
         claims = asyncio.run(claim_latency(dsn, args.claims))
         starts = {"no limit": asyncio.run(start_latency(dsn, args.rate, args.seconds, None)),
                   "per-key limit 2": asyncio.run(start_latency(dsn, args.rate, args.seconds, 2))}
@@ -273,13 +274,18 @@ def main() -> None:
         a, b = drain[str(workers)][variant][key], drain[str(workers)][other][key]
         return a / b - 1 if a is not None and b else None
 
-    overhead = {str(w): 1 - drain[str(w)]["limit never binds"]["jobs_per_s"]  # type: ignore[operator]
-                / drain[str(w)]["no limit"]["jobs_per_s"] for w in worker_counts}  # type: ignore[operator]
+    overhead: dict[str, float] = {}
+    for w in worker_counts:
+        slower = ratio(w, "limit never binds", "no limit", "jobs_per_s")
+        overhead[str(w)] = -slower if slower is not None else float("nan")
     cpu_overhead = {str(w): ratio(w, "limit never binds", "no limit", "worker_cpu_us_per_job") for w in worker_counts}
+    pg_cpu_overhead = {str(w): ratio(w, "limit never binds", "no limit", "server_cpu_us_per_job")
+                       for w in worker_counts}
     worst = max(overhead.values())
     report = header("queue_control", params, info, server_info) | {
         "machine_after": machine(), "drain": drain, "rounds": rounds,
         "limit_overhead_vs_no_limit": overhead, "limit_worker_cpu_overhead_vs_no_limit": cpu_overhead,
+        "limit_server_cpu_overhead_vs_no_limit": pg_cpu_overhead,
         "claim_latency": claims, "start_latency": starts,
         "target": {"overhead_at_most": TARGET_OVERHEAD, "met": worst <= TARGET_OVERHEAD},
     }
@@ -292,16 +298,18 @@ def main() -> None:
         for v in variants:
             d = drain[str(workers)][v]
             rows.append([workers, v, d["jobs_per_s"],
-                         " / ".join(f"{r['jobs_per_s']:,.0f}" for r in rounds if r["variant"] == v and r["workers"] == workers),
+                         " / ".join(f"{r['jobs_per_s']:,.0f}" for r in rounds
+                                    if r["variant"] == v and r["workers"] == workers),
                          d["worker_cpu_us_per_job"], d["server_cpu_us_per_job"], d["mean_claim_batch"]])
     print_table(["workers", "variant", "jobs/s", "rounds", "worker CPU", "PG CPU", "claim batch"], rows)
     for workers in worker_counts:
         w = str(workers)
         met = "met" if overhead[w] <= TARGET_OVERHEAD else "MISSED"
-        cpu = cpu_overhead[w]
+        cpu, pg = cpu_overhead[w], pg_cpu_overhead[w]
         print(f"{workers} worker(s): limit that never binds vs no limit: {100 * overhead[w]:+.1f}% slower"
-              f" (target within {100 * TARGET_OVERHEAD:.0f}%: {met}); worker CPU/job"
-              f" {100 * cpu if cpu is not None else float('nan'):+.1f}%")
+              f" (target within {100 * TARGET_OVERHEAD:.0f}%: {met}); CPU/job: worker"
+              f" {100 * cpu if cpu is not None else float('nan'):+.1f}%, PostgreSQL"
+              f" {100 * pg if pg is not None else float('nan'):+.1f}%")
         if "baseline" in variants:
             b = ratio(workers, "no limit", "baseline", "jobs_per_s")
             print(f"  no limit vs baseline: {100 * b if b is not None else float('nan'):+.1f}% jobs/s")
