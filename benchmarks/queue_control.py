@@ -303,10 +303,10 @@ def main() -> None:
                          d["worker_cpu_us_per_job"], d["server_cpu_us_per_job"], d["mean_claim_batch"]])
     print_table(["workers", "variant", "jobs/s", "rounds", "worker CPU", "PG CPU", "claim batch"], rows)
     for workers in worker_counts:
-        w = str(workers)
-        met = "met" if overhead[w] <= TARGET_OVERHEAD else "MISSED"
-        cpu, pg = cpu_overhead[w], pg_cpu_overhead[w]
-        print(f"{workers} worker(s): limit that never binds vs no limit: {100 * overhead[w]:+.1f}% slower"
+        key = str(workers)
+        met = "met" if overhead[key] <= TARGET_OVERHEAD else "MISSED"
+        cpu, pg = cpu_overhead[key], pg_cpu_overhead[key]
+        print(f"{workers} worker(s): limit that never binds vs no limit: {100 * overhead[key]:+.1f}% slower"
               f" (target within {100 * TARGET_OVERHEAD:.0f}%: {met}); CPU/job: worker"
               f" {100 * cpu if cpu is not None else float('nan'):+.1f}%, PostgreSQL"
               f" {100 * pg if pg is not None else float('nan'):+.1f}%")
