@@ -5,8 +5,12 @@
 -- here). No row: unknown queue. `changed` false: it already was so. A change leaves a queue_events row
 -- with who and why and sends a NOTIFY on taskq_queues (the queue's name) in the same transaction. The
 -- claim statements read the row themselves, so a worker that misses the NOTIFY still obeys.
-WITH target AS (
-    SELECT %(name)s::text AS name
+-- It takes the queue's claim lock (sql/0011_queue_limits.sql) first: it waits for the limited claim in
+-- progress, and the claims after it wait for its commit and see it.
+WITH lock AS MATERIALIZED (
+    SELECT pg_advisory_xact_lock(7461733, taskq.claim_scope_key('queue:' || %(name)s::text)) AS l
+), target AS (
+    SELECT %(name)s::text AS name FROM lock
     WHERE EXISTS (SELECT 1 FROM taskq.queues WHERE name = %(name)s)
        OR EXISTS (SELECT 1 FROM taskq.jobs WHERE queue = %(name)s AND status IN ('pending', 'scheduled'))
        OR EXISTS (SELECT 1 FROM taskq.jobs WHERE queue = %(name)s AND status = 'running')
@@ -36,10 +40,13 @@ SELECT (SELECT count(*) FROM target) > 0 AS known,
 -- name: queue_set_limits
 -- Set (or, with the value NULL, remove) some of a queue's limits; a flag per limit says whether to touch
 -- it. Creates the queue's row (first use). Leaves a 'limits' event with the new values, and a NOTIFY.
--- The rate and its period are set together (the CHECK constraint ties them).
-WITH up AS (
+-- The rate and its period are set together (the CHECK constraint ties them). Under the queue's claim
+-- lock, as queue_set_paused.
+WITH lock AS MATERIALIZED (
+    SELECT pg_advisory_xact_lock(7461733, taskq.claim_scope_key('queue:' || %(name)s::text)) AS l
+), up AS (
     INSERT INTO taskq.queues AS q (name, concurrency_limit, concurrency_per_key, rate_limit, rate_period)
-    VALUES (%(name)s, %(concurrency)s::int, %(per_key)s::int, %(rate)s::int, %(period)s::float8)
+    SELECT %(name)s, %(concurrency)s::int, %(per_key)s::int, %(rate)s::int, %(period)s::float8 FROM lock
     ON CONFLICT (name) DO UPDATE SET
         concurrency_limit = CASE WHEN %(set_concurrency)s::bool THEN %(concurrency)s::int ELSE q.concurrency_limit END,
         concurrency_per_key = CASE WHEN %(set_per_key)s::bool THEN %(per_key)s::int ELSE q.concurrency_per_key END,

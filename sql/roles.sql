@@ -57,11 +57,10 @@ GRANT SELECT, DELETE ON taskq.lease_losses TO :"worker_role";
 GRANT SELECT ON taskq.schema_migrations TO :"worker_role";
 -- the scheduler: upserts its code's declarations, disables the ones gone, fires slots (never deletes)
 GRANT SELECT, INSERT, UPDATE ON taskq.schedules TO :"worker_role";
--- queue control: a worker registers its queues (their rows, first use), locks the limited ones in its
--- limited claim (FOR NO KEY UPDATE needs an UPDATE privilege: one column, never written by a claim),
--- writes its code's actor limits, and logs and trims the starts of rate-limited scopes
+-- queue control: a worker registers its queues (their rows, first use), writes its code's actor limits,
+-- and logs and trims the starts of rate-limited scopes. Its limited claims lock their scopes with advisory
+-- locks (sql/0011_queue_limits.sql), which need no privilege on the tables.
 GRANT SELECT, INSERT (name) ON taskq.queues TO :"worker_role";
-GRANT UPDATE (updated_at) ON taskq.queues TO :"worker_role";
 GRANT SELECT, INSERT, UPDATE, DELETE ON taskq.actor_limits TO :"worker_role";
 GRANT SELECT, INSERT, DELETE ON taskq.rate_starts TO :"worker_role";
 

@@ -136,21 +136,16 @@ class WorkerStore:
 
     async def claim_limited(self, queues: Sequence[str], limit: int, lock_timeout: float, *,
                             queue_limits_only: bool = False) -> list[ClaimedJob]:
-        """The limited claim (job_claim_limited): lock the scope rows, then count and claim in a second
-        statement whose snapshot follows the locks. One transaction, pipelined: one round trip.
-        `queue_limits_only`: no actor limit and no per-key limit on our queues, as far as the worker
-        knows: the lighter job_claim_queue_limited (which checks that itself)."""
+        """The limited claim (job_claim_limited): one statement in autocommit, whose function locks the
+        scopes and then counts and claims with a snapshot taken under the locks; the locks go at its
+        commit, with no client turn inside. `queue_limits_only`: no actor limit and no per-key limit on
+        our queues, as far as the worker knows: the lighter job_claim_queue_limited (which checks that
+        itself)."""
         params = {"queues": list(queues), "limit": limit, "scan": max(limit, LIMITED_SCAN),
                   "worker_id": self.worker_id, "lock_timeout": lock_timeout}
+        name = "job_claim_queue_limited" if queue_limits_only else "job_claim_limited"
         async with self.pool.connection() as conn:
-            async with conn.pipeline(), conn.transaction():
-                await conn.execute(sql.query("job_claim_limited_setup"))
-                await conn.execute(sql.query("job_claim_lock_queues"), params)
-                if queue_limits_only:
-                    cur = await conn.execute(sql.query("job_claim_queue_limited"), params)
-                else:
-                    await conn.execute(sql.query("job_claim_lock_actors"))
-                    cur = await conn.execute(sql.query("job_claim_limited"), params)
+            cur = await conn.execute(sql.query(name), params)
             rows = await cur.fetchall()
         return [ClaimedJob(*row) for row in rows]
 

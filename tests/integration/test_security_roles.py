@@ -191,6 +191,24 @@ async def test_client_role_enqueues_cancels_and_reads(roles: Roles) -> None:
         assert keyed.created and not dup.created and dup.job_id == keyed.job_id
 
 
+async def test_limited_claims_and_queue_control_under_the_roles(roles: Roles, dsn: str) -> None:
+    """The client role limits and pauses a queue (under the queue's claim lock), the worker role drains
+    it with the limited claims (the functions of sql/0011_queue_limits.sql and their advisory locks)."""
+    async with await JobsClient.connect(roles.client_dsn, registry=registry) as client:
+        await client.set_queue_limits("default", concurrency=2, reason="roles")
+        handles = [await client.enqueue(echo, Msg(text=str(i)), concurrency_key=f"k{i % 2}") for i in range(6)]
+        async with running_worker(roles.worker_dsn, registry):
+            for handle in handles:
+                await wait_for(lambda h=handle: _has_ended(client, h.job_id), timeout=30)
+            await client.set_queue_limits("default", concurrency_per_key=1, reason="roles")
+            keyed = [await client.enqueue(echo, Msg(text="k"), concurrency_key="k0") for _ in range(2)]
+            for handle in keyed:
+                await wait_for(lambda h=handle: _has_ended(client, h.job_id), timeout=30)
+            assert (await client.pause_queue("default", reason="roles")).changed
+        for handle in handles + keyed:
+            assert await status_of(client, handle.job_id) is JobStatus.SUCCEEDED
+
+
 async def test_client_role_requeues_a_failed_job(roles: Roles, dsn: str) -> None:
     async with await JobsClient.connect(roles.client_dsn, registry=registry) as client:
         async with running_worker(roles.worker_dsn, registry):
