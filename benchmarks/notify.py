@@ -19,7 +19,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import collections
 import statistics
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -50,21 +52,24 @@ CLIENT_MODES = {"client, NOTIFY per job": 0.0, f"client, coalesced ({NOTIFY_WIND
 BATCH = 100
 
 
-def statements() -> dict[str, tuple[str, bool]]:
-    """name -> (statement, its notify parameter): the shipped statements, with and without their NOTIFY."""
+def statements() -> dict[str, tuple[str, bool, bool]]:
+    """name -> (statement, its notify parameter, a jobs_notify statement of its own after the insert
+    committed): the shipped statements, with the NOTIFY in the insert's transaction, after it, and none."""
     single, many = sql.query("job_insert"), sql.query("job_insert_many")
     return {
-        "single, NOTIFY": (single, True),
-        "single, no NOTIFY": (single, False),
-        "batch 100, NOTIFY": (many, True),
-        "batch 100, no NOTIFY": (many, False),
+        "single, NOTIFY": (single, True, False),
+        "single, NOTIFY after commit": (single, False, True),
+        "single, no NOTIFY": (single, False, False),
+        "batch 100, NOTIFY": (many, True, False),
+        "batch 100, NOTIFY after commit": (many, False, True),
+        "batch 100, no NOTIFY": (many, False, False),
     }
 
 
 def params(batch: bool, notify: bool) -> dict[str, Any]:
     common = {"actor": "bench.notify", "queue": "default", "priority": 0, "tags": [], "max_attempts": 3,
               "scheduled_at": None, "schedule_to_close": None, "parent_id": None, "notify": notify,
-              "idempotent": True, "concurrency_key": None}
+              "idempotent": True, "concurrency_key": None, "trace_context": None}
     if batch:
         return common | {"ids": [uuid.uuid4() for _ in range(BATCH)], "payloads": ["{}"] * BATCH}
     return common | {"id": uuid.uuid4(), "payload": "{}"}
@@ -77,15 +82,19 @@ def produce(dsn: str, name: str, start_at: float, seconds: float, out: Any, stop
         asyncio.run(produce_with_client(dsn, CLIENT_MODES[name], start_at, seconds, out))
         stop.wait(60)
         return
-    (statement, notify), batch = statements()[name], "batch" in name
+    (statement, notify, after), batch = statements()[name], "batch" in name
+    notify_after = sql.query("jobs_notify")
     with psycopg.connect(dsn, autocommit=True) as conn:
         for _ in range(3):  # warm: prepared, planned
             conn.execute(statement, params(batch, notify))  # type: ignore[arg-type, unused-ignore]
+            conn.execute(notify_after, {"queue": "warm"})  # type: ignore[arg-type, unused-ignore]
         while time.time() < start_at:
             time.sleep(0.001)
         jobs, end = 0, start_at + seconds
         while time.time() < end:
             conn.execute(statement, params(batch, notify))  # type: ignore[arg-type, unused-ignore]
+            if after:
+                conn.execute(notify_after, {"queue": "default"})  # type: ignore[arg-type, unused-ignore]
             jobs += BATCH if batch else 1
         out.put(jobs)
         stop.wait(60)
@@ -109,11 +118,79 @@ async def produce_with_client(dsn: str, window: float | None, start_at: float, s
         out.put(jobs)
 
 
+class Watch:
+    """During a turn: the notifications delivered on the jobs channel (one per notifying commit and
+    queue: PostgreSQL folds duplicates only within one transaction), and what the producers' backends
+    were doing, sampled from pg_stat_activity every `every` seconds (`Lock:object` is the notify
+    lock; `IO:WalSync` / `LWLock:WALWrite` the commit flush; `idle` is time spent in the client)."""
+
+    def __init__(self, dsn: str, every: float = 0.005) -> None:
+        self.dsn, self.every = dsn, every
+        self.notifications = 0
+        self.waits: collections.Counter[str] = collections.Counter()
+        self.samples = 0
+        self.window = (float("inf"), float("inf"))  # [start, end) of the measured turn, set by _turn
+        self._stop = threading.Event()
+        self._ready = threading.Barrier(3)
+        self._threads = [threading.Thread(target=self._listen, daemon=True),
+                         threading.Thread(target=self._sample, daemon=True)]
+
+    def __enter__(self) -> Watch:
+        for t in self._threads:
+            t.start()
+        self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(10)
+
+    def _listen(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute("LISTEN taskq_jobs")
+            self._ready.wait(10)
+            while not self._stop.is_set():
+                for _ in conn.notifies(timeout=0.1):
+                    if self.window[0] <= time.time() < self.window[1]:
+                        self.notifications += 1
+
+    def _sample(self) -> None:
+        query = """SELECT CASE WHEN state <> 'active' THEN state
+                               ELSE coalesce(wait_event_type || ':' || wait_event, 'on CPU') END, count(*)
+                   FROM pg_stat_activity
+                   WHERE datname = current_database() AND backend_type = 'client backend'
+                     AND pid <> pg_backend_pid() AND query NOT LIKE 'LISTEN%%' GROUP BY 1"""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            self._ready.wait(10)
+            while not self._stop.is_set():
+                rows = conn.execute(query).fetchall()
+                if not self.window[0] <= time.time() < self.window[1]:
+                    time.sleep(self.every)
+                    continue
+                self.samples += 1
+                for what, n in rows:
+                    self.waits[str(what)] += int(n)
+                time.sleep(self.every)
+
+    def shares(self) -> dict[str, float]:
+        total = sum(self.waits.values())
+        return {k: v / total for k, v in self.waits.most_common()} if total else {}
+
+
 def turn(dsn: str, name: str, producers: int, seconds: float, server: ServerCpu) -> dict[str, Any]:
     reset_jobs(dsn)
+    with Watch(dsn) as watch:
+        result = _turn(dsn, name, producers, seconds, server, watch)
+    return result | {"notifications": watch.notifications, "notifications_per_s": watch.notifications / seconds,
+                     "producer_states": watch.shares(), "samples": watch.samples}
+
+
+def _turn(dsn: str, name: str, producers: int, seconds: float, server: ServerCpu, watch: Watch) -> dict[str, Any]:
     ctx = multiprocessing.get_context("fork")
     out, stop = ctx.Queue(), ctx.Event()
     start_at = time.time() + 1.5
+    watch.window = (start_at, start_at + seconds)
     procs = [ctx.Process(target=produce, args=(dsn, name, start_at, seconds, out, stop)) for _ in range(producers)]
     for p in procs:
         p.start()
@@ -137,7 +214,13 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--only", default=None,
+                        help="comma-separated substrings: run only the modes whose name contains one")
     args = parser.parse_args()
+    modes = [*statements(), *CLIENT_MODES]
+    if args.only:
+        wanted = [w.strip() for w in args.only.split(",")]
+        modes = [m for m in modes if any(w in m for w in wanted)]
     run_params = {"producers": args.producers, "seconds": args.seconds, "rounds": args.rounds}
     info = machine()
     with bench_database(args.dsn, "notify") as dsn:
@@ -147,31 +230,38 @@ def main() -> int:
         results: dict[str, list[dict[str, Any]]] = {}
         try:
             for r in range(args.rounds):
-                for name in [*statements(), *CLIENT_MODES]:
+                for name in modes:
                     result = turn(dsn, name, args.producers, args.seconds, server)
                     results.setdefault(name, []).append(result)
-                    print(f"round {r + 1}: {name}: {result['jobs_per_s']:,.0f} jobs/s", flush=True)
+                    states = ", ".join(f"{k} {v:.0%}" for k, v in list(result["producer_states"].items())[:4])
+                    print(f"round {r + 1}: {name}: {result['jobs_per_s']:,.0f} jobs/s, "
+                          f"{result['notifications_per_s']:,.0f} notifying commits/s; producers: {states}",
+                          flush=True)
         finally:
             server.close()
-    summary = {name: {"jobs_per_s": statistics.median(x["jobs_per_s"] for x in runs),
-                      "server_us_per_job": statistics.median(x["server_us_per_job"] or 0.0 for x in runs),
-                      "rounds": runs}
-               for name, runs in results.items()}
+    summary: dict[str, dict[str, Any]] = {}
+    for name, runs in results.items():
+        states: collections.Counter[str] = collections.Counter()
+        for x in runs:
+            states.update(x["producer_states"])
+        summary[name] = {"jobs_per_s": statistics.median(x["jobs_per_s"] for x in runs),
+                         "server_us_per_job": statistics.median(x["server_us_per_job"] or 0.0 for x in runs),
+                         "notifications_per_s": statistics.median(x["notifications_per_s"] for x in runs),
+                         "producer_states": {k: v / len(runs) for k, v in states.most_common()},
+                         "rounds": runs}
     rows = []
-    for kind in ("single", "batch 100"):
-        with_n, without = summary[f"{kind}, NOTIFY"], summary[f"{kind}, no NOTIFY"]
-        rows.append([f"{kind}, NOTIFY", with_n["jobs_per_s"], with_n["server_us_per_job"],
-                     f"{1 - with_n['jobs_per_s'] / without['jobs_per_s']:+.1%}"])
-        rows.append([f"{kind}, no NOTIFY", without["jobs_per_s"], without["server_us_per_job"], ""])
-    floor = summary["client, no NOTIFY"]
-    for name in CLIENT_MODES:
-        s_ = summary[name]
-        rows.append([name, s_["jobs_per_s"], s_["server_us_per_job"],
-                     f"{1 - s_['jobs_per_s'] / floor['jobs_per_s']:+.1%}" if s_ is not floor else ""])
+    for name, s_ in summary.items():
+        floor_name = "client, no NOTIFY" if name in CLIENT_MODES else f"{name.split(',')[0]}, no NOTIFY"
+        floor = summary.get(floor_name)
+        cost = f"{1 - s_['jobs_per_s'] / floor['jobs_per_s']:+.1%}" if floor and floor is not s_ else ""
+        top = ", ".join(f"{k} {v:.0%}" for k, v in list(s_["producer_states"].items())[:3])
+        rows.append([name, s_["jobs_per_s"], s_["server_us_per_job"], cost, s_["notifications_per_s"], top])
     print()
     print(f"{args.producers} producers, medians of {args.rounds} rounds of {args.seconds:g} s")
-    print_table(["enqueue", "jobs/s", "PG µs/job", "NOTIFY costs"], rows)
-    print("(NOTIFY costs: jobs/s lost against the same path with no NOTIFY)")
+    print_table(["enqueue", "jobs/s", "PG µs/job", "NOTIFY costs", "notifying commits/s",
+                 "producer backends (sampled)"], rows)
+    print("(NOTIFY costs: jobs/s lost against the same path with no NOTIFY; producer backends: share of "
+          "samples idle (in the client) or active, by wait event)")
     report = header("notify", run_params, info, facts) | {"results": summary}
     print(f"\nwrote {write_report('notify', report, args.json)}")
     return 0

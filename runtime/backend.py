@@ -418,7 +418,8 @@ class Backend:
     # -- enqueue ---------------------------------------------------------------------------------
 
     async def job_insert(self, job: JobInsert, *, conn: AsyncConnection[Any] | None = None) -> JobRow:
-        """Insert one job (and NOTIFY if it is due). With `conn`, runs in the caller's transaction."""
+        """Insert one job; its NOTIFY follows the commit (backend_notify). With `conn`, runs in the caller's
+        transaction, which notifies as it commits."""
         return (await self.job_insert_deferred(job, conn=conn)).row()
 
     @_reports_outage
@@ -460,7 +461,7 @@ class Backend:
     async def job_insert_many(
         self, batch: JobBatch, *, conn: AsyncConnection[Any] | None = None
     ) -> dict[int, UUID] | None:
-        """Insert a batch with one statement (and one NOTIFY if it is due). With unique keys, returns
+        """Insert a batch with one statement (one NOTIFY follows, as for job_insert). With unique keys, returns
         {index in the batch: holder id} for the jobs it did not write (None without keys)."""
         if not batch.ids:
             return None
@@ -485,7 +486,7 @@ class Backend:
                 await pconn.execute(sql.query("job_insert_many"), params)
             finally:
                 await self.pool.putconn(pconn)
-        if not notify:  # a batch scheduled ahead gets a NOTIFY it did not need: harmless, and rare
+        if not notify:  # a batch scheduled ahead gets a NOTIFY it did not need: harmless
             self.notifier.after_commit(batch.options.queue)
         return skipped
 
