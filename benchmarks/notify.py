@@ -1,17 +1,24 @@
 """What the enqueue NOTIFY costs under concurrent producers.
 
-    python benchmarks/notify.py [--dsn DSN] [--producers 8] [--seconds 3] [--rounds 3]
+    python benchmarks/notify.py [--dsn DSN] [--producers 8] [--seconds 3] [--rounds 3] [--only A,B]
                                 [--json benchmarks/results/notify.json]
 
-Every committing transaction that called pg_notify takes PostgreSQL's global notify queue lock at
-commit, so notifying commits from many sessions are serialised there. This runs `--producers` producer
-processes, each on its own connection, inserting one job per commit with taskq's own `job_insert`
-statement, and the same statement told not to notify (its notify parameter: the only difference), in
-interleaved turns; then the same for batches of 100 (`job_insert_many`, one NOTIFY per statement).
-Then the same producers through `JobsClient.enqueue` (one connection each): with a NOTIFY in every
-insert (the coalescing window set to 0, as before coalescing), with the default coalescing
-(backend_notify.NOTIFY_WINDOW), and with no NOTIFY at all (the floor).
-It reports jobs/s and PostgreSQL CPU per job for each, medians of the rounds, and the NOTIFY's cost.
+A transaction that called pg_notify takes PostgreSQL's global notify lock at commit and holds it until its
+commit is over, WAL flush included, so notifying commits from many sessions are serialised there. This
+runs `--producers` producer processes, each on its own connection, inserting one job per commit with
+taskq's own `job_insert` statement: with the NOTIFY in the insert (its notify parameter), with the
+insert told not to notify and a `jobs_notify` statement of its own right after the commit, and with no
+NOTIFY; in interleaved turns; then the same for batches of 100 (`job_insert_many`). Then the same
+producers through `JobsClient.enqueue` and `SyncJobsClient.enqueue` (see CLIENT_MODES).
+
+Each turn also counts the notifying commits (notifications arriving on a LISTEN connection: PostgreSQL
+folds duplicates only within a transaction) and samples pg_stat_activity every 5 ms for what the
+producers' backends are doing (`Lock:object` is the notify lock; `LWLock:WALWrite` / `IO:WalSync` the
+commit flush; `idle` is time in the client). It reports jobs/s, PostgreSQL CPU per job and both of those
+for each mode, medians of the rounds, and the NOTIFY's cost against the same path without one.
+
+Run with another venv's python (`/work/venv-base/bin/python benchmarks/notify.py --dsn DSN`), the same
+script measures that venv's taskq: alternate the two for a side-by-side comparison.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from _common import (
     cpu_snapshot,
     header,
     machine,
+    percentile,
     print_table,
     reset_jobs,
     server_facts,
@@ -43,11 +51,16 @@ from _common import (
 )
 
 from taskq import sql
-from taskq.backend_notify import NOTIFY_WINDOW
+import taskq
+from taskq import SyncJobsClient
 from taskq.client import JobsClient
 
-CLIENT_MODES = {"client, NOTIFY per job": 0.0, f"client, coalesced ({NOTIFY_WINDOW * 1000:g} ms)": NOTIFY_WINDOW,
-                "client, no NOTIFY": None}
+CLIENT_MODES = ("client, default", "client, NOTIFY in the insert", "client, no NOTIFY",
+                "sync client, default", "sync client, no NOTIFY")
+"""default: what the client does unchanged (after this change: a NOTIFY after the commit, coalesced within
+backend_notify.NOTIFY_WINDOW); in the insert: every insert notifies in its own transaction, as before
+coalescing; no NOTIFY: the floor. The script also runs against an older taskq (another venv's python):
+each mode is set up through what that version's notifier has."""
 
 BATCH = 100
 
@@ -78,8 +91,12 @@ def params(batch: bool, notify: bool) -> dict[str, Any]:
 def produce(dsn: str, name: str, start_at: float, seconds: float, out: Any, stop: Any) -> None:
     """One producer: commits as fast as it can for `seconds` from `start_at`, puts its job count, and keeps
     its connection (whose server process the CPU accounting reads) until `stop`."""
+    if name.startswith("sync client"):
+        produce_with_sync_client(dsn, name, start_at, seconds, out)
+        stop.wait(60)
+        return
     if name in CLIENT_MODES:
-        asyncio.run(produce_with_client(dsn, CLIENT_MODES[name], start_at, seconds, out))
+        asyncio.run(produce_with_client(dsn, name, start_at, seconds, out))
         stop.wait(60)
         return
     (statement, notify, after), batch = statements()[name], "batch" in name
@@ -100,14 +117,21 @@ def produce(dsn: str, name: str, start_at: float, seconds: float, out: Any, stop
         stop.wait(60)
 
 
-async def produce_with_client(dsn: str, window: float | None, start_at: float, seconds: float, out: Any) -> None:
-    async with await JobsClient.connect(dsn, min_size=1, max_size=1) as client:
-        notifier = client.backend.notifier
-        if window is None:  # the floor: no insert notifies, and none is sent after
-            notifier.inline = lambda queue: False  # type: ignore[method-assign]
-            notifier.after_commit = lambda queue: None  # type: ignore[method-assign]
-        else:
-            notifier.window = window
+def setup_notifier(notifier: Any, mode: str) -> None:
+    if mode.endswith("no NOTIFY"):  # the floor: no insert notifies, and none is sent after
+        notifier.inline = lambda queue: False
+        notifier.after_commit = lambda queue: None
+    elif mode.endswith("in the insert"):
+        if hasattr(notifier, "in_transaction"):
+            notifier.in_transaction = True
+        else:  # an older taskq: window 0 made every insert notify inline
+            notifier.window = 0.0
+
+
+async def produce_with_client(dsn: str, mode: str, start_at: float, seconds: float, out: Any) -> None:
+    # two connections: the NOTIFY sent after a commit takes one while the producer may hold the other
+    async with await JobsClient.connect(dsn, min_size=2, max_size=2) as client:
+        setup_notifier(client.backend.notifier, mode)
         for i in range(3):
             await client.enqueue("bench.notify", i)
         await asyncio.sleep(max(0.0, start_at - time.time()))  # every producer starts at once
@@ -116,6 +140,64 @@ async def produce_with_client(dsn: str, window: float | None, start_at: float, s
             await client.enqueue("bench.notify", jobs)
             jobs += 1
         out.put(jobs)
+
+
+def produce_with_sync_client(dsn: str, mode: str, start_at: float, seconds: float, out: Any) -> None:
+    with SyncJobsClient.connect(dsn, min_size=2, max_size=2) as client:
+        setup_notifier(client.backend.notifier, mode)
+        for i in range(3):
+            client.enqueue("bench.notify", i)
+        time.sleep(max(0.0, start_at - time.time()))
+        jobs, end = 0, start_at + seconds
+        while time.time() < end:
+            client.enqueue("bench.notify", jobs)
+            jobs += 1
+        out.put(jobs)
+
+
+async def light_load_delay(dsn: str, rate: float, seconds: float) -> dict[str, Any]:
+    """One client enqueueing `rate` jobs a second (far enough apart that coalescing never delays one)
+    and a LISTEN connection in the same process: ms from the enqueue call, and from its return (the
+    commit is done), to the job's notification arriving. What sending the NOTIFY after the commit could
+    add at light load, without a worker's claim in the figure."""
+    arrived: list[float] = []
+    listener = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    await listener.execute("LISTEN taskq_jobs")
+
+    async def listen() -> None:
+        async for _ in listener.notifies():
+            arrived.append(time.perf_counter())
+
+    task = asyncio.get_running_loop().create_task(listen())
+    calls: list[tuple[float, float]] = []
+    try:
+        async with await JobsClient.connect(dsn, min_size=2, max_size=2) as client:
+            for i in range(5):
+                await client.enqueue("bench.notify", i)
+            await asyncio.sleep(0.5)
+            arrived.clear()
+            start, n = time.perf_counter(), int(rate * seconds)
+            for i in range(n):
+                await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
+                before = time.perf_counter()
+                await client.enqueue("bench.notify", i)
+                calls.append((before, time.perf_counter()))
+            await asyncio.sleep(0.5)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await listener.close()
+    # pair each call with the first notification after it (one per job at this rate)
+    from_call, from_return, j = [], [], 0
+    for before, after in calls:
+        while j < len(arrived) and arrived[j] < before:
+            j += 1
+        if j < len(arrived):
+            from_call.append(1000 * (arrived[j] - before))
+            from_return.append(1000 * (arrived[j] - after))
+    return {"jobs": len(calls), "notifications": len(arrived),
+            "from_call_ms": {"p50": percentile(from_call, 50), "p99": percentile(from_call, 99)},
+            "from_return_ms": {"p50": percentile(from_return, 50), "p99": percentile(from_return, 99)}}
 
 
 class Watch:
@@ -214,6 +296,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--light-seconds", type=float, default=10.0,
+                        help="seconds of the light-load leg (50 jobs/s, enqueue -> notification); 0: skip it")
     parser.add_argument("--only", default=None,
                         help="comma-separated substrings: run only the modes whose name contains one")
     args = parser.parse_args()
@@ -221,7 +305,8 @@ def main() -> int:
     if args.only:
         wanted = [w.strip() for w in args.only.split(",")]
         modes = [m for m in modes if any(w in m for w in wanted)]
-    run_params = {"producers": args.producers, "seconds": args.seconds, "rounds": args.rounds}
+    run_params = {"producers": args.producers, "seconds": args.seconds, "rounds": args.rounds,
+                  "taskq": str(Path(taskq.__file__).resolve().parent)}
     info = machine()
     with bench_database(args.dsn, "notify") as dsn:
         facts = server_facts(dsn)
@@ -233,10 +318,11 @@ def main() -> int:
                 for name in modes:
                     result = turn(dsn, name, args.producers, args.seconds, server)
                     results.setdefault(name, []).append(result)
-                    states = ", ".join(f"{k} {v:.0%}" for k, v in list(result["producer_states"].items())[:4])
+                    shown = ", ".join(f"{k} {v:.0%}" for k, v in list(result["producer_states"].items())[:4])
                     print(f"round {r + 1}: {name}: {result['jobs_per_s']:,.0f} jobs/s, "
-                          f"{result['notifications_per_s']:,.0f} notifying commits/s; producers: {states}",
+                          f"{result['notifications_per_s']:,.0f} notifying commits/s; producers: {shown}",
                           flush=True)
+            light = asyncio.run(light_load_delay(dsn, 50.0, args.light_seconds)) if args.light_seconds else None
         finally:
             server.close()
     summary: dict[str, dict[str, Any]] = {}
@@ -251,7 +337,7 @@ def main() -> int:
                          "rounds": runs}
     rows = []
     for name, s_ in summary.items():
-        floor_name = "client, no NOTIFY" if name in CLIENT_MODES else f"{name.split(',')[0]}, no NOTIFY"
+        floor_name = f"{name.split(',')[0]}, no NOTIFY"
         floor = summary.get(floor_name)
         cost = f"{1 - s_['jobs_per_s'] / floor['jobs_per_s']:+.1%}" if floor and floor is not s_ else ""
         top = ", ".join(f"{k} {v:.0%}" for k, v in list(s_["producer_states"].items())[:3])
@@ -262,7 +348,13 @@ def main() -> int:
                  "producer backends (sampled)"], rows)
     print("(NOTIFY costs: jobs/s lost against the same path with no NOTIFY; producer backends: share of "
           "samples idle (in the client) or active, by wait event)")
-    report = header("notify", run_params, info, facts) | {"results": summary}
+    if light:
+        print(f"\nlight load, 50 jobs/s, {light['jobs']} jobs, {light['notifications']} notifications:")
+        print_table(["ms", "p50", "p99"],
+                     [["enqueue call → its notification", light["from_call_ms"]["p50"], light["from_call_ms"]["p99"]],
+                      ["enqueue returned → its notification", light["from_return_ms"]["p50"],
+                       light["from_return_ms"]["p99"]]])
+    report = header("notify", run_params, info, facts) | {"results": summary, "light_load": light}
     print(f"\nwrote {write_report('notify', report, args.json)}")
     return 0
 

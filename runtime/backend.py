@@ -447,6 +447,10 @@ class Backend:
             try:
                 cur = await pconn.execute(sql.query("job_insert"), params)
                 written = await cur.fetchone()
+                if (not notify and written is not None and written[0] == "pending"
+                        and self.notifier.send_now(job.options.queue)):
+                    notify = True  # now, after the insert's commit, on its connection
+                    await self.notifier.send_on(pconn, job.options.queue)
             finally:
                 await self.pool.putconn(pconn)
         if job.unique_key is None:
@@ -484,6 +488,9 @@ class Backend:
             pconn = await self.pool.getconn()  # see job_insert
             try:
                 await pconn.execute(sql.query("job_insert_many"), params)
+                if not notify and self.notifier.send_now(batch.options.queue):
+                    notify = True  # see job_insert_deferred
+                    await self.notifier.send_on(pconn, batch.options.queue)
             finally:
                 await self.pool.putconn(pconn)
         if not notify:  # a batch scheduled ahead gets a NOTIFY it did not need: harmless

@@ -7,11 +7,11 @@ flush of every notifying enqueue queued behind the flush of the one before (benc
 producers, the enqueues waiting on `Lock:object`). So an enqueue through the client's own pool writes
 no NOTIFY: once its insert has committed, the client sends one in a transaction of its own that writes
 nothing else, so PostgreSQL does not flush WAL for it and holds the notify lock only for an instant.
-That NOTIFY goes at once when none of that queue was sent in the last `window`; within the window one
-trailing NOTIFY goes when it ends, and covers every job committed before it is sent: a worker hears
-of a job at most one window plus a round trip after its commit, and one process sends at most one
-NOTIFY per queue per window however many tasks enqueue. The caller does not wait for it (a task of
-the event loop sends it, on a pooled connection).
+That NOTIFY goes at once, on the insert's own connection before the enqueue returns, when none of that
+queue was sent in the last `window`; within the window one trailing NOTIFY goes when it ends (a task of
+the event loop sends it on a pooled connection; the enqueue does not wait for it), and covers every job
+committed before it is sent. So a worker hears of a job at most one window plus a round trip after its
+commit, and one process sends at most one NOTIFY per queue per window however many tasks enqueue.
 
 If the process dies between the commit and the NOTIFY, or the NOTIFY fails, no notification comes:
 the workers' poll (`poll_interval`) finds the job. Jobs enqueued in the caller's own transaction
@@ -63,6 +63,26 @@ class EnqueueNotifier:
         """True: this insert notifies in its own transaction. False: call `after_commit(queue)` once it
         has committed."""
         return self.in_transaction
+
+    def send_now(self, queue: str) -> bool:
+        """True: no NOTIFY of `queue` went in the last window and none is waiting, so the caller sends one
+        now with `send_on`, on the connection its insert has just committed on (no other connection to
+        wake, no hop through the event loop), and a window starts. False: call `after_commit(queue)`."""
+        if self.in_transaction or queue in self._trailing:
+            return False
+        now = time.monotonic()
+        if now - self._last.get(queue, -self.window) < self.window:
+            return False
+        self._last[queue] = now
+        return True
+
+    async def send_on(self, conn: AsyncConnection[Any], queue: str) -> None:
+        """The NOTIFY `send_now` allowed. Its insert has committed: a failure here is logged, not raised
+        (the workers' polling finds the job)."""
+        try:
+            await conn.execute(sql.query("jobs_notify"), {"queue": queue})
+        except Exception as exc:
+            log.warning("could not send the NOTIFY for queue %r (workers find its jobs by polling): %s", queue, exc)
 
     def after_commit(self, queue: str) -> None:
         """A job of `queue` committed without a NOTIFY: one follows, at once or by the end of the window.

@@ -191,6 +191,14 @@ class SyncBackend:
             try:
                 cur = pconn.execute(sql.query("job_insert"), params)
                 written = cur.fetchone()
+                if (
+                    not notify
+                    and written is not None
+                    and (written[0] == "pending")
+                    and self.notifier.send_now(job.options.queue)
+                ):
+                    notify = True
+                    self.notifier.send_on(pconn, job.options.queue)
             finally:
                 self.pool.putconn(pconn)
         if job.unique_key is None:
@@ -226,6 +234,9 @@ class SyncBackend:
             pconn = self.pool.getconn()
             try:
                 pconn.execute(sql.query("job_insert_many"), params)
+                if not notify and self.notifier.send_now(batch.options.queue):
+                    notify = True
+                    self.notifier.send_on(pconn, batch.options.queue)
             finally:
                 self.pool.putconn(pconn)
         if not notify:

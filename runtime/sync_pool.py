@@ -104,9 +104,9 @@ class LazyConnectionPool(Generic[CT]):
 
 class SyncNotifier:
     """The sync client's enqueue NOTIFY: sent after the insert commits, coalesced per queue within
-    `window`, from one daemon thread per client process. The rules are backend_notify.EnqueueNotifier's
-    (which says why): a NOTIFY at once when none of the queue went in the last window, else one at the
-    window's end that covers every job committed before it goes. After os.fork() the child starts
+    `window`. The rules are backend_notify.EnqueueNotifier's (which says why): a NOTIFY at once, on the
+    insert's own connection, when none of the queue went in the last window; else one at the window's
+    end, from one daemon thread per client process, that covers every job committed before it goes. After os.fork() the child starts
     with nothing pending (what the parent committed is the parent's to notify) and its own thread."""
 
     def __init__(self, pool: Any, window: float = NOTIFY_WINDOW) -> None:
@@ -127,11 +127,34 @@ class SyncNotifier:
     def inline(self, queue: str) -> bool:
         return self.in_transaction
 
-    def after_commit(self, queue: str) -> None:
+    def send_now(self, queue: str) -> bool:
+        """EnqueueNotifier.send_now: True when the caller sends the NOTIFY itself, now, with `send_on`."""
+        if self.in_transaction:
+            return False
+        self._check_pid()
+        with self._cond:
+            if self._closed or queue in self._due:
+                return False
+            now = time.monotonic()
+            if now - self._last.get(queue, -self.window) < self.window:
+                return False
+            self._last[queue] = now
+            return True
+
+    def send_on(self, conn: Any, queue: str) -> None:
+        try:
+            conn.execute(sql.query("jobs_notify"), {"queue": queue})
+        except Exception as exc:  # the insert has committed; the workers' polling finds the job
+            log.warning("could not send the NOTIFY for queue %r (workers find its jobs by polling): %s", queue, exc)
+
+    def _check_pid(self) -> None:
         if self._pid != os.getpid():
             with _lock:
                 if self._pid != os.getpid():
                     self._reset()
+
+    def after_commit(self, queue: str) -> None:
+        self._check_pid()
         with self._cond:
             closed = self._closed
             if not closed and queue not in self._due:  # one already pending covers this job

@@ -77,20 +77,25 @@ async def test_the_insert_itself_does_not_notify(dsn: str, client: JobsClient, n
     and no notification has come; once the sender runs, one comes."""
     gate = asyncio.Event()
     notifier = client.backend.notifier
-    send = notifier._notify_now
+    send_on = notifier.send_on
 
-    async def held(queue: str) -> None:
+    async def held(conn: Any, queue: str) -> None:
         await gate.wait()
-        await send(queue)
+        await send_on(conn, queue)
 
-    notifier._notify_now = held  # type: ignore[method-assign]
-    handle = await client.enqueue("tests.notify.job", 0)
+    notifier.send_on = held  # type: ignore[method-assign]
+    enqueue = asyncio.get_running_loop().create_task(client.enqueue("tests.notify.job", 0))
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        row = await (await conn.execute("SELECT status FROM taskq.jobs WHERE id = %s", (handle.job_id,))).fetchone()
-    assert row == ("pending",)
+        async def committed() -> bool:
+            cur = await conn.execute("SELECT count(*) FROM taskq.jobs WHERE status = 'pending'")
+            row = await cur.fetchone()
+            return row is not None and row[0] == 1
+
+        await wait_for(committed, timeout=5)
     await notes.mark(dsn, "committed")
     assert notes.before("committed") == 0, "the insert's own transaction notified"
     gate.set()
+    await enqueue
     await wait_for(lambda: len(notes.at) == 1, timeout=5)
 
 
