@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import multiprocessing
 import collections
+import multiprocessing
 import statistics
 import threading
 import time
@@ -50,9 +50,8 @@ from _common import (
     write_report,
 )
 
-from taskq import sql
 import taskq
-from taskq import SyncJobsClient
+from taskq import SyncJobsClient, sql
 from taskq.client import JobsClient
 
 CLIENT_MODES = ("client, default", "client, NOTIFY in the insert", "client, no NOTIFY",
