@@ -106,8 +106,9 @@ class SyncNotifier:
     """The sync client's enqueue NOTIFY: sent after the insert commits, coalesced per queue within
     `window`. The rules are backend_notify.EnqueueNotifier's (which says why): a NOTIFY at once, on the
     insert's own connection, when none of the queue went in the last window; else one at the window's
-    end, from one daemon thread per client process, that covers every job committed before it goes. After os.fork() the child starts
-    with nothing pending (what the parent committed is the parent's to notify) and its own thread."""
+    end, from one daemon thread per client process, that covers every job committed before it goes.
+    After os.fork() the child starts with nothing pending (what the parent committed is the parent's to
+    notify) and its own thread."""
 
     def __init__(self, pool: Any, window: float = NOTIFY_WINDOW) -> None:
         self.pool = pool
