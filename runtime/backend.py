@@ -418,7 +418,8 @@ class Backend:
     # -- enqueue ---------------------------------------------------------------------------------
 
     async def job_insert(self, job: JobInsert, *, conn: AsyncConnection[Any] | None = None) -> JobRow:
-        """Insert one job (and NOTIFY if it is due). With `conn`, runs in the caller's transaction."""
+        """Insert one job; its NOTIFY follows the commit (backend_notify). With `conn`, runs in the caller's
+        transaction, which notifies as it commits."""
         return (await self.job_insert_deferred(job, conn=conn)).row()
 
     @_reports_outage
@@ -446,6 +447,10 @@ class Backend:
             try:
                 cur = await pconn.execute(sql.query("job_insert"), params)
                 written = await cur.fetchone()
+                if (not notify and written is not None and written[0] == "pending"
+                        and self.notifier.send_now(job.options.queue)):
+                    notify = True  # now, after the insert's commit, on its connection
+                    await self.notifier.send_on(pconn, job.options.queue)
             finally:
                 await self.pool.putconn(pconn)
         if job.unique_key is None:
@@ -460,7 +465,7 @@ class Backend:
     async def job_insert_many(
         self, batch: JobBatch, *, conn: AsyncConnection[Any] | None = None
     ) -> dict[int, UUID] | None:
-        """Insert a batch with one statement (and one NOTIFY if it is due). With unique keys, returns
+        """Insert a batch with one statement (one NOTIFY follows, as for job_insert). With unique keys, returns
         {index in the batch: holder id} for the jobs it did not write (None without keys)."""
         if not batch.ids:
             return None
@@ -483,9 +488,12 @@ class Backend:
             pconn = await self.pool.getconn()  # see job_insert
             try:
                 await pconn.execute(sql.query("job_insert_many"), params)
+                if not notify and self.notifier.send_now(batch.options.queue):
+                    notify = True  # see job_insert_deferred
+                    await self.notifier.send_on(pconn, batch.options.queue)
             finally:
                 await self.pool.putconn(pconn)
-        if not notify:  # a batch scheduled ahead gets a NOTIFY it did not need: harmless, and rare
+        if not notify:  # a batch scheduled ahead gets a NOTIFY it did not need: harmless
             self.notifier.after_commit(batch.options.queue)
         return skipped
 

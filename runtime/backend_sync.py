@@ -101,7 +101,7 @@ class SyncBackend:
         transaction_pooler: bool = False,
         database: str | None = None,
     ) -> None:
-        from taskq.sync_pool import InlineNotifier
+        from taskq.sync_pool import SyncNotifier
 
         self.pool = pool
         self.dsn = dsn
@@ -109,7 +109,7 @@ class SyncBackend:
         named = conninfo_to_dict(dsn).get("dbname")
         self.database: str | None = database if database is not None else str(named) if named else None
         "The database's name, which a caller's `connection=` must be to."
-        self.notifier = InlineNotifier(pool)
+        self.notifier = SyncNotifier(pool)
 
     @classmethod
     def open(
@@ -164,7 +164,8 @@ class SyncBackend:
             self.pool.close(timeout=timeout)
 
     def job_insert(self, job: JobInsert, *, conn: Connection[Any] | None = None) -> JobRow:
-        """Insert one job (and NOTIFY if it is due). With `conn`, runs in the caller's transaction."""
+        """Insert one job; its NOTIFY follows the commit (backend_notify). With `conn`, runs in the caller's
+        transaction, which notifies as it commits."""
         return self.job_insert_deferred(job, conn=conn).row()
 
     @_reports_outage
@@ -190,6 +191,14 @@ class SyncBackend:
             try:
                 cur = pconn.execute(sql.query("job_insert"), params)
                 written = cur.fetchone()
+                if (
+                    not notify
+                    and written is not None
+                    and (written[0] == "pending")
+                    and self.notifier.send_now(job.options.queue)
+                ):
+                    notify = True
+                    self.notifier.send_on(pconn, job.options.queue)
             finally:
                 self.pool.putconn(pconn)
         if job.unique_key is None:
@@ -202,7 +211,7 @@ class SyncBackend:
 
     @_reports_outage
     def job_insert_many(self, batch: JobBatch, *, conn: Connection[Any] | None = None) -> dict[int, UUID] | None:
-        """Insert a batch with one statement (and one NOTIFY if it is due). With unique keys, returns
+        """Insert a batch with one statement (one NOTIFY follows, as for job_insert). With unique keys, returns
         {index in the batch: holder id} for the jobs it did not write (None without keys)."""
         if not batch.ids:
             return None
@@ -225,6 +234,9 @@ class SyncBackend:
             pconn = self.pool.getconn()
             try:
                 pconn.execute(sql.query("job_insert_many"), params)
+                if not notify and self.notifier.send_now(batch.options.queue):
+                    notify = True
+                    self.notifier.send_on(pconn, batch.options.queue)
             finally:
                 self.pool.putconn(pconn)
         if not notify:

@@ -1,6 +1,6 @@
 """The two pieces of the sync face that are written by hand, not generated (tools/async_to_sync.py maps
 the async names onto these): a connection pool that opens lazily in the process that uses it, and the
-enqueue NOTIFY policy without an event loop.
+enqueue NOTIFY sent after commit without an event loop.
 
 Why lazily, and per process: a psycopg pool holds sockets and worker threads. A forked child (gunicorn
 `--preload`, multiprocessing, a Celery-style prefork) inherits the sockets, which its parent is still
@@ -12,8 +12,10 @@ sockets) and opens its own.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
@@ -21,9 +23,13 @@ from typing import Any, Generic, TypeVar
 from psycopg import Connection
 from psycopg_pool import ConnectionPool, PoolClosed
 
+from taskq import sql
+from taskq.backend_notify import NOTIFY_WINDOW
+
 CT = TypeVar("CT", bound=Connection[Any])
 
 _lock = threading.Lock()
+log = logging.getLogger("taskq.client")
 _inherited: list[ConnectionPool[Any]] = []
 """Pools a forked child found from its parent: kept referenced, because a pool's finaliser would wait
 for worker threads that do not exist in the child."""
@@ -96,19 +102,106 @@ class LazyConnectionPool(Generic[CT]):
         return self._pool is not None and self._pid == os.getpid()
 
 
-class InlineNotifier:
-    """The sync client's enqueue NOTIFY: every insert of a due job notifies in its own statement. (The
-    async client coalesces NOTIFYs per queue with a trailing one sent from its event loop, which a sync
-    client has no loop for; backend_notify.py says what coalescing buys under many producers.)"""
+class SyncNotifier:
+    """The sync client's enqueue NOTIFY: sent after the insert commits, coalesced per queue within
+    `window`. The rules are backend_notify.EnqueueNotifier's (which says why): a NOTIFY at once, on the
+    insert's own connection, when none of the queue went in the last window; else one at the window's
+    end, from one daemon thread per client process, that covers every job committed before it goes.
+    After os.fork() the child starts with nothing pending (what the parent committed is the parent's to
+    notify) and its own thread."""
 
-    def __init__(self, pool: object) -> None:
+    def __init__(self, pool: Any, window: float = NOTIFY_WINDOW) -> None:
         self.pool = pool
+        self.window = window
+        self.in_transaction = False
+        """True: every insert notifies in its own transaction (as taskq did before; for comparisons)."""
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._cond = threading.Condition()
+        self._due: dict[str, float] = {}  # queue -> monotonic time its NOTIFY may go
+        self._last: dict[str, float] = {}  # queue -> when its last NOTIFY went
+        self._thread: threading.Thread | None = None
+        self._closed = False
 
     def inline(self, queue: str) -> bool:
-        return True
+        return self.in_transaction
 
-    def after_commit(self, queue: str) -> None:  # every insert notified inline: nothing follows
-        return None
+    def send_now(self, queue: str) -> bool:
+        """EnqueueNotifier.send_now: True when the caller sends the NOTIFY itself, now, with `send_on`."""
+        if self.in_transaction:
+            return False
+        self._check_pid()
+        with self._cond:
+            if self._closed or queue in self._due:
+                return False
+            now = time.monotonic()
+            if now - self._last.get(queue, -self.window) < self.window:
+                return False
+            self._last[queue] = now
+            return True
+
+    def send_on(self, conn: Any, queue: str) -> None:
+        try:
+            conn.execute(sql.query("jobs_notify"), {"queue": queue})
+        except Exception as exc:  # the insert has committed; the workers' polling finds the job
+            log.warning("could not send the NOTIFY for queue %r (workers find its jobs by polling): %s", queue, exc)
+
+    def _check_pid(self) -> None:
+        if self._pid != os.getpid():
+            with _lock:
+                if self._pid != os.getpid():
+                    self._reset()
+
+    def after_commit(self, queue: str) -> None:
+        self._check_pid()
+        with self._cond:
+            closed = self._closed
+            if not closed and queue not in self._due:  # one already pending covers this job
+                self._due[queue] = self._last.get(queue, -self.window) + self.window
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="taskq-notify", daemon=True)
+                    self._thread.start()
+                self._cond.notify()
+        if closed:  # an enqueue racing close(): the thread is gone, so notify here
+            self._notify_now(queue)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._closed:
+                        return
+                    if not self._due:
+                        self._cond.wait()
+                        continue
+                    queue, at = min(self._due.items(), key=lambda item: item[1])
+                    now = time.monotonic()
+                    if at <= now:
+                        del self._due[queue]
+                        self._last[queue] = now
+                        break
+                    self._cond.wait(at - now)
+            self._notify_now(queue)
+
+    def _notify_now(self, queue: str) -> None:
+        try:
+            with self.pool.connection() as conn:
+                conn.execute(sql.query("jobs_notify"), {"queue": queue})
+        except Exception as exc:  # the workers' polling finds the jobs all the same
+            log.warning("could not send the NOTIFY for queue %r (workers find its jobs by polling): %s", queue, exc)
 
     def flush(self, timeout: float = 5.0) -> None:
-        return None
+        """Stop the thread and send the NOTIFYs still waiting, now: the pool is about to close."""
+        if self._pid != os.getpid():
+            return
+        with self._cond:
+            self._closed = True
+            due, self._due = list(self._due), {}
+            thread = self._thread
+            self._cond.notify_all()
+        if thread is not None:
+            thread.join(timeout)  # one on its way finishes first
+        for queue in due:
+            self._notify_now(queue)

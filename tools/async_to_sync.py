@@ -72,7 +72,7 @@ MAPPED: dict[tuple[str, str], tuple[str, str]] = {
     ("psycopg", "AsyncConnection"): ("psycopg", "Connection"),
     ("psycopg", "AsyncCursor"): ("psycopg", "Cursor"),
     ("psycopg_pool", "AsyncConnectionPool"): ("taskq.sync_pool", "LazyConnectionPool"),
-    ("taskq.backend_notify", "EnqueueNotifier"): ("taskq.sync_pool", "InlineNotifier"),
+    ("taskq.backend_notify", "EnqueueNotifier"): ("taskq.sync_pool", "SyncNotifier"),
     ("contextlib", "asynccontextmanager"): ("contextlib", "contextmanager"),
     ("contextlib", "AbstractAsyncContextManager"): ("contextlib", "AbstractContextManager"),
     ("collections.abc", "AsyncIterator"): ("collections.abc", "Iterator"),

@@ -1,4 +1,5 @@
-"""The enqueue NOTIFY: one per job at light load, coalesced in a burst, and never missing after the last job."""
+"""The enqueue NOTIFY: sent after the insert commits, one per job at light load, coalesced in a burst, never
+missing after the last job, and in the caller's own transaction only when that transaction commits."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import psycopg
 import pytest
 from testkit import running_worker, wait_for
 
-from taskq import JobsClient
+from taskq import JobsClient, SyncJobsClient
 from taskq.actors.declaration import ActorRegistry, actor
 from taskq.backend import JOBS_CHANNEL
 
@@ -19,11 +20,24 @@ pytestmark = pytest.mark.timeout(60)
 
 
 class Notes:
-    """Every NOTIFY on the jobs channel, with the time it arrived."""
+    """Every NOTIFY for queue `default` on the jobs channel, with the time it arrived; and every payload
+    in the order of arrival (a test's own markers among them)."""
 
     def __init__(self) -> None:
         self.at: list[float] = []
+        self.payloads: list[str] = []
         self.task: asyncio.Task[None] | None = None
+
+    async def mark(self, dsn: str, marker: str) -> None:
+        """Send `marker` on the channel from a connection of its own, and wait until it has arrived: every
+        notification committed before it has arrived before it (PostgreSQL delivers in commit order)."""
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute("SELECT pg_notify(%s, %s)", (JOBS_CHANNEL, marker))
+        await wait_for(lambda: marker in self.payloads, timeout=5)
+
+    def before(self, marker: str) -> int:
+        """How many NOTIFYs of queue `default` arrived before `marker`."""
+        return self.payloads[: self.payloads.index(marker)].count("default")
 
 
 @pytest.fixture
@@ -34,6 +48,7 @@ async def notes(dsn: str) -> AsyncIterator[Notes]:
 
     async def listen() -> None:
         async for note in conn.notifies():
+            seen.payloads.append(note.payload)
             if note.payload == "default":
                 seen.at.append(time.monotonic())
 
@@ -46,7 +61,104 @@ async def notes(dsn: str) -> AsyncIterator[Notes]:
         await conn.close()
 
 
-async def test_jobs_further_apart_than_the_window_each_notify_in_their_own_insert(
+async def test_one_enqueue_is_followed_by_its_notify(client: JobsClient, notes: Notes) -> None:
+    await client.enqueue("tests.notify.job", 0)
+    await wait_for(lambda: len(notes.at) == 1, timeout=5)
+
+
+async def test_one_enqueue_many_is_followed_by_its_notify(client: JobsClient, notes: Notes) -> None:
+    await client.enqueue_many("tests.notify.job", list(range(10)))
+    await wait_for(lambda: len(notes.at) == 1, timeout=5)
+
+
+async def test_the_insert_itself_does_not_notify(dsn: str, client: JobsClient, notes: Notes) -> None:
+    """The NOTIFY is a transaction of its own after the insert's commit (so PostgreSQL's notify lock is not
+    held through the insert's WAL flush): with the sender held back, the job is committed and visible,
+    and no notification has come; once the sender runs, one comes."""
+    gate = asyncio.Event()
+    notifier = client.backend.notifier
+    send_on = notifier.send_on
+
+    async def held(conn: Any, queue: str) -> None:
+        await gate.wait()
+        await send_on(conn, queue)
+
+    notifier.send_on = held  # type: ignore[method-assign]
+    enqueue = asyncio.get_running_loop().create_task(client.enqueue("tests.notify.job", 0))
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        async def committed() -> bool:
+            cur = await conn.execute("SELECT count(*) FROM taskq.jobs WHERE status = 'pending'")
+            row = await cur.fetchone()
+            return row is not None and row[0] == 1
+
+        await wait_for(committed, timeout=5)
+    await notes.mark(dsn, "committed")
+    assert notes.before("committed") == 0, "the insert's own transaction notified"
+    gate.set()
+    await enqueue
+    await wait_for(lambda: len(notes.at) == 1, timeout=5)
+
+
+def _sync_notifications(dsn: str, enqueue: Any) -> list[str]:
+    """LISTEN on a real connection, run `enqueue` (a sync client's), and collect what arrives within 5 s
+    of it, stopping at the first NOTIFY of queue `default`."""
+    got: list[str] = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"LISTEN {JOBS_CHANNEL}")
+        enqueue()
+        deadline = time.monotonic() + 5
+        while "default" not in got and time.monotonic() < deadline:
+            for note in conn.notifies(timeout=max(0.01, deadline - time.monotonic()), stop_after=1):
+                got.append(note.payload)
+    return got
+
+
+async def test_the_sync_client_enqueue_and_enqueue_many_are_each_followed_by_their_notify(dsn: str) -> None:
+    def check() -> None:
+        with SyncJobsClient.connect(dsn) as client:
+            assert "default" in _sync_notifications(dsn, lambda: client.enqueue("tests.notify.job", 0))
+            client.backend.notifier.window = 0.0  # the next NOTIFY need not wait for this one's window
+            assert "default" in _sync_notifications(
+                dsn, lambda: client.enqueue_many("tests.notify.job", list(range(10))))
+
+    await asyncio.to_thread(check)
+
+
+async def test_a_sync_client_burst_notifies_at_once_and_after_its_last_commit(dsn: str, notes: Notes) -> None:
+    def burst() -> float:
+        with SyncJobsClient.connect(dsn) as client:
+            client.backend.notifier.window = 3.0  # longer than the burst takes even on a loaded machine
+            for i in range(20):
+                client.enqueue("tests.notify.job", i)
+            last_commit = time.monotonic()
+            time.sleep(0)  # nothing waits here: close() must not drop the trailing NOTIFY either way
+            return last_commit
+
+    last_commit = await asyncio.to_thread(burst)
+    await wait_for(lambda: len(notes.at) >= 2, timeout=10)
+    await notes.mark(dsn, "after")
+    assert notes.before("after") == 2, f"{notes.before('after')} NOTIFYs for 20 jobs"
+    assert notes.at[1] >= last_commit, "the trailing NOTIFY came before the burst's last commit"
+
+
+async def test_the_callers_transaction_notifies_when_it_commits_and_not_before(
+    dsn: str, client: JobsClient, notes: Notes
+) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        await client.enqueue("tests.notify.job", 1, connection=conn)
+        await client.enqueue_many("tests.notify.job", [2, 3], connection=conn)
+        await client.backend.notifier.flush()  # a NOTIFY wrongly left to the client would go now
+        await notes.mark(dsn, "before-commit")
+        assert notes.before("before-commit") == 0, "a notification came before the caller committed"
+        await conn.commit()
+    await wait_for(lambda: len(notes.at) >= 1, timeout=5)
+    await client.backend.notifier.flush()
+    await notes.mark(dsn, "after-commit")
+    # one transaction: PostgreSQL folds its identical notifications into one
+    assert notes.before("after-commit") == 1
+
+
+async def test_jobs_further_apart_than_the_window_each_get_their_own_notify(
     client: JobsClient, notes: Notes
 ) -> None:
     client.backend.notifier.window = 0.05
@@ -57,7 +169,7 @@ async def test_jobs_further_apart_than_the_window_each_notify_in_their_own_inser
     assert len(notes.at) == 5
 
 
-async def test_a_burst_notifies_once_inline_and_once_after_its_last_commit(
+async def test_a_burst_notifies_at_once_and_once_after_its_last_commit(
     client: JobsClient, notes: Notes
 ) -> None:
     # a window longer than the burst takes even on a loaded machine: every job after the first is inside it
@@ -72,8 +184,9 @@ async def test_a_burst_notifies_once_inline_and_once_after_its_last_commit(
     assert notes.at[1] >= last_commit, "the trailing NOTIFY came before the burst's last commit"
 
 
-async def test_enqueues_in_the_callers_transaction_always_notify_in_it(dsn: str, client: JobsClient,
-                                                                      notes: Notes) -> None:
+async def test_enqueues_in_the_callers_transaction_notify_in_it_whatever_the_window(
+    dsn: str, client: JobsClient, notes: Notes
+) -> None:
     client.backend.notifier.window = 3.0
     await client.enqueue("tests.notify.job", 0)  # opens a window
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
