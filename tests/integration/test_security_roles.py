@@ -336,6 +336,26 @@ async def test_worker_role_prunes_through_the_owner_functions_and_only_terminal_
     assert deleted == (0, 0) and query(dsn, "SELECT count(*) FROM taskq.job_events")[0][0] == 1
 
 
+async def test_worker_role_prunes_receipts_and_audit_rows_through_the_owner_functions(roles: Roles, dsn: str) -> None:
+    from taskq.backend import Backend
+    from taskq.retention import keep_windows, prune
+
+    query(dsn, "INSERT INTO taskq.operator_requests (principal, key, fingerprint, status, body, created_at)"
+               " VALUES ('ops', 'old', 'f', 200, '{}', now() - interval '2 days'),"
+               " ('ops', 'new', 'f', 200, '{}', now())")
+    query(dsn, "INSERT INTO taskq.operator_audit (at, principal, action, outcome) VALUES"
+               " (now() - interval '100 days', 'ops', 'jobs:cancel', 'cancelled'),"
+               " (now() - interval '10 minutes', 'ops', 'jobs:cancel', 'cancelled')")
+    backend = await Backend.open(roles.worker_dsn, max_size=1)
+    try:
+        result = await prune(backend, keep_windows(WorkerSettings()))
+    finally:
+        await backend.close()
+    assert (result.receipts, result.audit) == (1, 1)
+    assert query(dsn, "SELECT key FROM taskq.operator_requests") == [("new",)]
+    assert query(dsn, "SELECT count(*) FROM taskq.operator_audit WHERE at > now() - interval '1 hour'") == [(1,)]
+
+
 # -- what the roles must not do -----------------------------------------------------------------------
 
 CLAIM = sql.query("job_claim")
@@ -350,7 +370,8 @@ FORBIDDEN_TO_CLIENT: list[tuple[str, str, dict[str, Any]]] = [
     ("write an attempt", "INSERT INTO taskq.job_attempts (job_id, attempt, claim_epoch, worker_id) "
                          "VALUES (gen_random_uuid(), 1, 1, 'x')", {}),
     ("close an attempt", "UPDATE taskq.job_attempts SET outcome = 'succeeded'", {}),
-    ("read the worker registry", "SELECT * FROM taskq.workers", {}),
+    ("rewrite the worker registry", "UPDATE taskq.workers SET stopping = true", {}),
+    ("forget a worker", "DELETE FROM taskq.workers", {}),
     ("register a worker", "INSERT INTO taskq.workers (id, host, pid, queues, concurrency) "
                           "VALUES ('x', 'h', 1, '{default}', 1)", {}),
     ("drop the jobs table", "DROP TABLE taskq.jobs", {}),
@@ -360,6 +381,10 @@ FORBIDDEN_TO_CLIENT: list[tuple[str, str, dict[str, Any]]] = [
     ("edit the migrations", "DELETE FROM taskq.schema_migrations", {}),
     ("prune jobs", "SELECT taskq.delete_terminal_jobs(ARRAY(SELECT id FROM taskq.jobs))", {}),
     ("prune attempts", "SELECT taskq.delete_finished_attempts('{}', '{}')", {}),
+    ("prune receipts", "SELECT taskq.delete_operator_requests('{}', '{}', 0)", {}),
+    ("prune the audit", "SELECT taskq.delete_operator_audit('{}', 0)", {}),
+    ("rewrite the audit", "UPDATE taskq.operator_audit SET reason = 'forged'", {}),
+    ("delete the audit", "DELETE FROM taskq.operator_audit", {}),
 ]
 FORBIDDEN_TO_WORKER: list[tuple[str, str, dict[str, Any]]] = [
     ("create a table in taskq", "CREATE TABLE taskq.x (a int)", {}),
@@ -379,6 +404,10 @@ FORBIDDEN_TO_WORKER: list[tuple[str, str, dict[str, Any]]] = [
      {}),
     ("drop a constraint", "ALTER TABLE taskq.jobs DROP CONSTRAINT jobs_cancelled_has_request", {}),
     ("create a function", "CREATE FUNCTION taskq.f() RETURNS int LANGUAGE sql AS 'SELECT 1'", {}),
+    ("delete the audit", "DELETE FROM taskq.operator_audit", {}),
+    ("rewrite the audit", "UPDATE taskq.operator_audit SET reason = 'forged'", {}),
+    ("forge a receipt", "INSERT INTO taskq.operator_requests (principal, key, fingerprint) VALUES ('x', 'k', 'f')",
+     {}),
 ]
 
 
