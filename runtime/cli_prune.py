@@ -3,8 +3,9 @@ past their retention windows now, as every worker does every `prune_interval`.
 
 The windows are the WorkerSettings fields `retention_succeeded`, `retention_failed`,
 `retention_attempts`, `retention_receipts` and `retention_audit`, from the flags of the same names, else
-env TASKQ_RETENTION_*, else the defaults; a negative or NaN window is a usage error (exit 2) and nothing is deleted. On a terminal a progress line
-(rows so far, rate) is redrawn on stderr; piped, or with --json, the command prints only its result.
+env TASKQ_RETENTION_*, else the defaults; a negative or NaN window is a usage error (exit 2) and nothing
+is deleted. On a terminal a progress line (rows so far, rate) is redrawn on stderr; piped, or with
+--json, the command prints only its result.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The pruner: every `prune_interval` (with jitter), delete the terminal jobs, events and attempts rows,
-and the web API's idempotency receipts and audit rows, past their retention windows, through the one prune service `taskq prune` also uses. Runs on every
-worker; the batches lock with SKIP LOCKED, so pruners on many workers share the work without waiting
-on one another, and each uses a connection of its own for the length of one prune, never the pool's."""
+and the web API's idempotency receipts and audit rows, past their retention windows, through the one
+prune service `taskq prune` also uses. Runs on every worker; the batches lock with SKIP LOCKED, so
+pruners on many workers share the work without waiting on one another, and each uses a connection of
+its own for the length of one prune, never the pool's."""
 
 from __future__ import annotations
 
