@@ -616,3 +616,72 @@ def test_the_roles_script_is_not_a_migration_and_defines_no_queries() -> None:
     assert not any(name.startswith("role") for name in sql.queries())
     text = roles_script()
     assert ':"worker_role"' in text and ':"client_role"' in text
+
+
+# -- the web server under the client role ---------------------------------------------------------------
+
+
+async def test_the_web_server_runs_under_the_client_role_workers_page_and_queue_limits_included(
+    roles: Roles, dsn: str, tmp_path: Path
+) -> None:
+    """`taskq web` as the client role of roles.sql: every read page and route (the workers page and
+    GET /workers read taskq.workers), a queue limit set through the API and through the dashboard's
+    confirmed form, and the token bookkeeping, with no permission error anywhere."""
+    import httpx
+    from testkit import WebServer
+
+    from taskq.backend import Backend
+    from taskq.tokens import create_token
+
+    backend = await Backend.open(roles.client_dsn, max_size=1)
+    try:
+        _, token = await create_token(backend, "ops", ["*@*"])
+    finally:
+        await backend.close()
+    web = WebServer(roles.client_dsn, log_path=tmp_path / "web.log")
+    try:
+        async with running_worker(roles.worker_dsn, registry) as worker:
+            async with await JobsClient.connect(roles.client_dsn, registry=registry) as client:
+                done = await client.enqueue(echo, Msg(text="w"))
+                await wait_for(lambda: _terminal(client, done.job_id), timeout=20)
+            auth = {"Authorization": f"Bearer {token}"}
+            async with httpx.AsyncClient(base_url=web.url, timeout=30) as c:
+                listed = await c.get("/api/v1/workers", headers=auth)
+                assert listed.status_code == 200, listed.text
+                assert worker.worker_id in {w["id"] for w in listed.json()["workers"]}
+                for path in ("/api/v1/jobs", f"/api/v1/jobs/{done.job_id}", "/api/v1/queues", "/api/v1/stats",
+                             "/api/v1/schedules", "/api/v1/cancellations"):
+                    r = await c.get(path, headers=auth)
+                    assert r.status_code == 200, (path, r.text)
+                limited = await c.post("/api/v1/queues/default:limit", json={"concurrency": 3},
+                                       headers=auth | {"Idempotency-Key": "role-l-1"})
+                assert limited.status_code == 200, limited.text
+                login = await c.post("/login?next=/workers", data={"token": token})
+                assert login.status_code == 303
+                page = await c.get("/workers")
+                assert page.status_code == 200 and worker.worker_id in page.text, page.text
+                for path in ("/", "/jobs", f"/jobs/{done.job_id}", "/schedules", "/cancellations",
+                             "/queues/default/limits"):
+                    r = await c.get(path)
+                    assert r.status_code == 200, (path, r.text)  # an error page has the error's status
+                csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', r.text)  # the limits page's form
+                assert csrf is not None
+                preview = await c.post("/queues/default/limit", data={"csrf": csrf.group(1), "concurrency": "none",
+                                                                      "rate_limit": "10", "rate_period": "2"})
+                assert preview.status_code == 200 and 'id="limit-change"' in preview.text, preview.text
+                assert query(dsn, "SELECT concurrency_limit, rate_limit FROM taskq.queues WHERE name = 'default'"
+                             ) == [(3, None)]  # a preview changes nothing
+                confirmed = await c.post("/queues/default/limit", data={
+                    "csrf": csrf.group(1), "confirm": "yes", "idempotency_key": "role-l-2", "concurrency": "none",
+                    "rate_limit": "10", "rate_period": "2"})
+                assert confirmed.status_code == 303 and "limits+now+10+per+2s" in confirmed.headers["location"]
+                bad = await c.post("/queues/default/limit", data={"csrf": csrf.group(1), "confirm": "yes",
+                                                                  "concurrency": "lots"})
+                assert bad.status_code == 400 and "concurrency must be a number" in bad.text
+    finally:
+        web.stop()
+    assert query(dsn, "SELECT concurrency_limit, rate_limit, rate_period FROM taskq.queues WHERE name = 'default'"
+                 ) == [(None, 10, 2.0)]
+    assert query(dsn, "SELECT action, outcome, principal FROM taskq.operator_audit ORDER BY id") == [
+        ("queues:limit", "limited", "ops"), ("queues:limit", "limited", "ops")]
+    assert "permission denied" not in (tmp_path / "web.log").read_text(errors="replace")

@@ -89,7 +89,7 @@ def test_a_killed_web_child_is_restarted_and_the_dashboard_answers_again(dsn: st
             first = _web_child(proc.pid)
             assert first is not None, log_path.read_text(errors="replace")
             os.kill(first, signal.SIGKILL)
-            wait_until(lambda: _web_child(proc.pid) not in (None, first), timeout=60)  # a new child
+            wait_until(lambda old=first: _web_child(proc.pid) not in (None, old), timeout=60)  # a new child
             wait_until(lambda: _answers(port), timeout=60)  # which serves the dashboard
         assert proc.poll() is None
         # the workers were not touched: the same worker, still registered
