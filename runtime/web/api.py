@@ -281,7 +281,7 @@ async def get_stats(request: Request) -> Response:
     who = await principal(request)
     st = state_of(request)
     key = f"stats:{who.name}"
-    found = st.cached(key) or st.remember(key, await reads.stats(await st.backend(), who))
+    found = st.cached(key) or st.remember(key, await reads.stats(await st.backend(), who, state=st))
     return ok(request, found)
 
 
@@ -291,7 +291,7 @@ async def list_queues(request: Request) -> Response:
     finished jobs, with its depth, pause and limits."""
     who = await principal(request)
     st = state_of(request)
-    found = await reads.stats(await st.backend(), who)
+    found = await reads.stats(await st.backend(), who, state=st)
     return ok(request, {"queues": [{"name": name, "depth": q["depth"], "paused": q["paused"], "limits": q["limits"]}
                                    for name, q in sorted(found["queues"].items())]})
 

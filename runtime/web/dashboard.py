@@ -172,7 +172,7 @@ async def logout(request: Request) -> Response:
 async def overview(request: Request, who: Principal) -> Response:
     st = state_of(request)
     key = f"stats:{who.name}"
-    stats = st.cached(key) or st.remember(key, await reads.stats(await st.backend(), who))
+    stats = st.cached(key) or st.remember(key, await reads.stats(await st.backend(), who, state=st))
     queues = []
     now = datetime.now(UTC).replace(second=0, microsecond=0)
     minutes = [now - timedelta(minutes=stats["window_minutes"] - 1 - i) for i in range(stats["window_minutes"])]
@@ -371,9 +371,7 @@ def _limit_change(form: FormData) -> tuple[dict[str, Any], dict[str, str]]:
 
 
 async def _queue_limits_of(request: Request, who: Principal, name: str) -> QueueLimits:
-    stats = await reads.stats(await state_of(request).backend(), who)
-    known = stats["queues"].get(name)
-    return QueueLimits(**known["limits"]) if known is not None else QueueLimits()
+    return await reads.queue_limits(await state_of(request).backend(), who, name)
 
 
 @page

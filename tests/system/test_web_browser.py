@@ -194,6 +194,23 @@ def test_dashboard_in_a_real_browser(
             ("paused", "operator")]
         shots(b, "overview-paused")
 
+        # limit the queue from its row's edit link: a form, a confirmation, then the overview shows it
+        waiting(b, 20).until(lambda d: click(d.find_element(By.XPATH, row + "//a[contains(@class, 'queue-limits')]")))
+        wait_css(b, "#limit-form")
+        b.find_element(By.ID, "concurrency").send_keys("2")
+        b.find_element(By.ID, "rate_limit").send_keys("30")
+        b.find_element(By.ID, "rate_period").send_keys("60")
+        b.find_element(By.ID, "limit-preview").click()
+        assert "concurrency" in wait_css(b, "#limit-change").text
+        assert query(dsn, "SELECT concurrency_limit FROM taskq.queues WHERE name = 'billing-eu'") == [(None,)]
+        shots(b, "queue-limit-confirm")
+        b.find_element(By.ID, "confirm").click()
+        waiting(b, 20).until(
+            lambda d: "concurrency 2, 30 per 60s" in d.find_element(By.XPATH, row + "/td[contains(@class, 'limits')]"
+                                                                    ).text)
+        assert query(dsn, "SELECT concurrency_limit, rate_limit, rate_period FROM taskq.queues"
+                          " WHERE name = 'billing-eu'") == [(2, 30, 60.0)]
+
         # bulk cancel by filter, behind a confirmation
         b.get(web.url + "/jobs?queue=billing-eu")
         wait_css(b, "#bulk-cancel").click()
