@@ -83,6 +83,11 @@ def click(element: Any) -> bool:
     return True
 
 
+def type_into(element: Any, text: str) -> bool:
+    element.send_keys(text)
+    return True
+
+
 def waiting(driver: WebDriver, timeout: float) -> WebDriverWait[WebDriver]:
     """A wait that reads again when the page's polling swapped the element out between finding it and
     reading it (a stale element reference is a moment of the live page, not a failure)."""
@@ -150,7 +155,7 @@ def test_dashboard_in_a_real_browser(
         assert str(follower) in b.find_element(By.ID, "children").text
         shots(b, "job")
         # the form is in the page's live region (polled every 0.5 s): find and act again if it was swapped
-        waiting(b, 20).until(lambda d: d.find_element(By.ID, "cancel-reason").send_keys("demo cancel") or True)
+        waiting(b, 20).until(lambda d: type_into(d.find_element(By.ID, "cancel-reason"), "demo cancel"))
         waiting(b, 20).until(lambda d: click(d.find_element(By.ID, "cancel")))
         assert "202" in wait_css(b, "#message").text
         b.execute_script("window.__same_page = 'yes';")
