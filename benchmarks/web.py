@@ -10,15 +10,20 @@ then a real `taskq web` process answers `--requests` requests of each kind, over
 by queue and by tag, and the detail of a random job. p50 and p95 per kind, in milliseconds, end to end.
 
 Drain: benchmarks/throughput.py's round (a backlog of `--drain-jobs` no-op jobs, two worker processes)
-with 0 and with `--dashboards` open dashboards, interleaved over `--rounds`. An open dashboard is what a
-browser tab does: its page's live region re-fetched every poll interval (2 s); the three are the overview,
-a job's detail and the cancellations page, each over its own session.
+with 0 and with `--dashboards` open dashboards, interleaved over `--rounds` (the side that goes first
+alternates). An open dashboard is what a browser tab does: its page's live region re-fetched every poll
+interval (2 s); the three are the overview, a job's detail and the cancellations page, each over its own
+session. Per side: jobs/s, the web process's CPU per drained job, the workers' and PostgreSQL's CPU per
+job, and the 1-minute load average at each round's start; the CPU cost is the extra web + PostgreSQL CPU
+per job with the dashboards open, as a share of all CPU per job with none (noise moves it much less
+than jobs/s).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import statistics
 import sys
@@ -182,31 +187,48 @@ class Dashboards:
 def drain(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
     server = ServerCpu(dsn)
     token = asyncio.run(admin_token(dsn, "drain"))
+    (RESULTS_DIR / "logs").mkdir(parents=True, exist_ok=True)
     web = WebServer(dsn, log_path=RESULTS_DIR / "logs" / "web-drain.log")
     ns = argparse.Namespace(jobs=args.drain_jobs, enqueue_batch=5000, concurrency=500, claim_batch_size=200, app=APP,
                             timeout=300.0, py_spy=False)
-    rates: dict[int, list[float]] = {0: [], args.dashboards: []}
+    sides = (0, args.dashboards)
+    rates: dict[int, list[float]] = {n: [] for n in sides}
     fetched: list[int] = []
-    web_cpu: dict[int, list[float]] = {0: [], args.dashboards: []}
+    web_cpu: dict[int, list[float]] = {n: [] for n in sides}
+    per_job: dict[int, dict[str, list[float]]] = {n: {"web": [], "worker": [], "server": []} for n in sides}
+    loads: dict[int, list[float]] = {n: [] for n in sides}
     try:
         for r in range(args.rounds):
-            for n in (0, args.dashboards):
+            for n in sides if r % 2 == 0 else sides[::-1]:  # alternate which side goes first
                 pages = (["/", DETAIL, "/cancellations"] * args.dashboards)[:n]
+                loads[n].append(os.getloadavg()[0])
                 cpu_before = cpu_seconds(web.proc.pid) or 0.0
                 with Dashboards(web.url, token, pages) as boards:
                     result = run_round(dsn, ns, 2, server, f"web-{n}-{r}")
-                # the web process's CPU per second of the drain (its share of the 2 cores)
-                web_cpu[n].append(((cpu_seconds(web.proc.pid) or 0.0) - cpu_before) / float(result["drain_s"]))
+                web_s = (cpu_seconds(web.proc.pid) or 0.0) - cpu_before
+                # the web process's CPU per second of the drain (its share of the 2 cores), and per job
+                web_cpu[n].append(web_s / float(result["drain_s"]))
+                per_job[n]["web"].append(1e6 * web_s / args.drain_jobs)
+                per_job[n]["worker"].append(float(result["worker_cpu_us_per_job"]))
+                per_job[n]["server"].append(float(result["server_cpu_us_per_job"]))
                 if n:
                     fetched.append(boards.fetches)
                 rates[n].append(float(result["jobs_per_s"]))
-                print(f"round {r + 1}: {n} dashboards: {result['jobs_per_s']:,.0f} jobs/s", flush=True)
+                print(f"round {r + 1}: {n} dashboards: {result['jobs_per_s']:,.0f} jobs/s, web "
+                      f"{per_job[n]['web'][-1]:.2f} µs/job, PG {per_job[n]['server'][-1]:.1f} µs/job, load "
+                      f"{loads[n][-1]:.1f}", flush=True)
     finally:
         web.stop()
     base, loaded = statistics.median(rates[0]), statistics.median(rates[args.dashboards])
+    med = {str(n): {k: statistics.median(v) for k, v in per_job[n].items()} for n in sides}
     return {"rates": {str(k): v for k, v in rates.items()}, "median_0": base, "median_loaded": loaded,
             "cost_pct": 100.0 * (base - loaded) / base, "dashboard_fetches": fetched,
-            "web_cores": {str(k): statistics.median(v) for k, v in web_cpu.items()}}
+            "web_cores": {str(k): statistics.median(v) for k, v in web_cpu.items()},
+            "us_per_job": {str(n): per_job[n] for n in sides}, "us_per_job_median": med,
+            "loadavg_1m": {str(n): loads[n] for n in sides},
+            "cpu_cost_pct": 100.0 * ((med[str(args.dashboards)]["web"] + med[str(args.dashboards)]["server"])
+                                     - (med["0"]["web"] + med["0"]["server"]))
+                            / (med["0"]["worker"] + med["0"]["server"] + med["0"]["web"])}
 
 
 def main() -> None:
@@ -238,9 +260,14 @@ def main() -> None:
             server = server_facts(dsn)
             report["drain"] = drain(dsn, args)
         d = report["drain"]
-        print_table(("open dashboards", "drain jobs/s (median)", "rounds"),
-                    [(0, d["median_0"], d["rates"]["0"]),
-                     (args.dashboards, d["median_loaded"], d["rates"][str(args.dashboards)])])
+        m = d["us_per_job_median"]
+        print_table(("open dashboards", "drain jobs/s (median)", "rounds", "web µs/job", "worker µs/job",
+                     "PG µs/job", "load (1 min) per round"),
+                    [(n, d["median_0"] if n == 0 else d["median_loaded"], d["rates"][str(n)], m[str(n)]["web"],
+                      m[str(n)]["worker"], m[str(n)]["server"], d["loadavg_1m"][str(n)])
+                     for n in (0, args.dashboards)])
+        print(f"CPU cost of {args.dashboards} open dashboards (web + PG µs/job, against all CPU per job with none "
+              f"open): {d['cpu_cost_pct']:.2f} %")
         print(f"cost of {args.dashboards} open dashboards: {d['cost_pct']:.1f} % of drain throughput (median of the "
               f"rounds); the web process used {d['web_cores'][str(args.dashboards)]:.3f} cores meanwhile "
               f"({d['web_cores']['0']:.3f} with none open)")

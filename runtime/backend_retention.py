@@ -33,8 +33,8 @@ async def dedicated_connection(backend: Backend, *, timeout: float = 10.0) -> As
 
 
 async def job_prune_batch(conn: AsyncConnection[Any], cls: PruneClass, keep: float, limit: int) -> tuple[int, int]:
-    """Delete one bounded batch of `cls` rows finished more than `keep` seconds ago (jobs with their
-    events); returns (rows deleted, events deleted)."""
+    """Delete one bounded batch of `cls` rows finished (or, for receipts and audit rows, written) more
+    than `keep` seconds ago (jobs with their events); returns (rows deleted, events deleted)."""
     cur = await conn.execute(sql.query(f"prune_{cls.value}"), {"keep": keep, "limit": limit})
     row = await cur.fetchone()
     assert row is not None
@@ -50,9 +50,10 @@ async def job_prune_count(conn: AsyncConnection[Any], keep: dict[PruneClass, flo
     """What a prune with these windows would delete now (0 disables a class); deletes nothing."""
     cur = await conn.execute(sql.query("prune_count"), {
         "keep_succeeded": keep[PruneClass.SUCCEEDED], "keep_failed": keep[PruneClass.FAILED],
-        "keep_attempts": keep[PruneClass.ATTEMPTS],
+        "keep_attempts": keep[PruneClass.ATTEMPTS], "keep_receipts": keep.get(PruneClass.RECEIPTS, 0.0),
+        "keep_audit": keep.get(PruneClass.AUDIT, 0.0),
     })
     row = await cur.fetchone()
     assert row is not None
-    return PruneResult(succeeded=int(row[0]), failed=int(row[1]), attempts=int(row[2]), events=int(row[3]),
-                       dry_run=True)
+    return PruneResult(succeeded=int(row[0]), failed=int(row[1]), attempts=int(row[2]), receipts=int(row[3]),
+                       audit=int(row[4]), events=int(row[5]), dry_run=True)

@@ -1,10 +1,11 @@
 """`taskq prune [--dry-run] [--json]`: delete the terminal jobs (with their events) and the attempts rows
 past their retention windows now, as every worker does every `prune_interval`.
 
-The windows are the WorkerSettings fields `retention_succeeded`, `retention_failed` and
-`retention_attempts`, from the flags of the same names, else env TASKQ_RETENTION_*, else the defaults;
-a negative or NaN window is a usage error (exit 2) and nothing is deleted. On a terminal a progress line
-(rows so far, rate) is redrawn on stderr; piped, or with --json, the command prints only its result.
+The windows are the WorkerSettings fields `retention_succeeded`, `retention_failed`,
+`retention_attempts`, `retention_receipts` and `retention_audit`, from the flags of the same names, else
+env TASKQ_RETENTION_*, else the defaults; a negative or NaN window is a usage error (exit 2) and nothing
+is deleted. On a terminal a progress line (rows so far, rate) is redrawn on stderr; piped, or with
+--json, the command prints only its result.
 """
 
 from __future__ import annotations
@@ -22,13 +23,16 @@ if TYPE_CHECKING:
     from taskq.cli import Command
     from taskq.settings import WorkerSettings
 
-RETENTION_FIELDS = ("retention_succeeded", "retention_failed", "retention_attempts")
+RETENTION_FIELDS = ("retention_succeeded", "retention_failed", "retention_attempts", "retention_receipts",
+                    "retention_audit")
 
-HELP = "delete terminal jobs and attempts rows past their retention windows (counts per class)"
+HELP = "delete terminal jobs, attempts rows, web receipts and audit rows past their retention windows"
 DESCRIPTION = (
     "Delete succeeded and cancelled jobs older than --retention-succeeded seconds (default 1 day), failed, "
     "crashed and abandoned jobs older than --retention-failed (default 7 days), each with its events, and "
-    "job_attempts rows older than --retention-attempts (default 30 days); 0 keeps a class forever. Workers "
+    "job_attempts rows older than --retention-attempts (default 30 days), the web API's idempotency receipts "
+    "older than --retention-receipts (default 1 day) and its audit rows older than --retention-audit (default "
+    "90 days, at least 1 hour); 0 keeps a class forever. Workers "
     "do the same every prune_interval. --dry-run counts and deletes nothing."
 )
 
@@ -58,6 +62,8 @@ def summary(result: PruneResult) -> str:
         f"succeeded+cancelled jobs         {result.succeeded}",
         f"failed+crashed+abandoned jobs    {result.failed}",
         f"job_attempts rows                {result.attempts}",
+        f"idempotency receipts             {result.receipts}",
+        f"operator audit rows              {result.audit}",
         f"job_events rows (with the jobs)  {result.events}",
     ]
     tail = "dry run: nothing deleted" if result.dry_run else f"in {result.seconds:.2f}s"

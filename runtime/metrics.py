@@ -40,7 +40,8 @@ SHUTDOWN_JOBS = Counter(
     "taskq_shutdown_jobs", "Jobs in flight at a worker shutdown, by what became of them", ["outcome"]
 )
 ROWS_PRUNED = Counter(
-    "taskq_rows_pruned", "Rows deleted by retention, by class (succeeded, failed, attempts, events)", ["class"]
+    "taskq_rows_pruned", "Rows deleted by retention, by class (succeeded, failed, attempts, receipts, audit, events)",
+    ["class"],
 )
 JOBS_SNOOZED = Counter("taskq_jobs_snoozed", "Attempts that ended with the actor raising taskq.Snooze")
 SCHEDULE_SLOTS = Counter("taskq_schedule_slot_jobs", "Slot jobs this worker's scheduler inserted")

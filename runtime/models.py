@@ -238,11 +238,15 @@ class PruneClass(enum.StrEnum):
     """failed, crashed and abandoned jobs, after `retention_failed`"""
     ATTEMPTS = "attempts"
     """finished job_attempts rows, after `retention_attempts`"""
+    RECEIPTS = "receipts"
+    """the web API's idempotency receipts (taskq.operator_requests), after `retention_receipts`"""
+    AUDIT = "audit"
+    """the web API's operator audit rows (taskq.operator_audit), after `retention_audit`"""
 
 
 class PruneResult(BaseModel):
     """What one prune deleted (or, with `dry_run`, would delete now): jobs per retention class, the
-    events deleted with them, and attempts rows."""
+    events deleted with them, attempts rows, and the web API's idempotency receipts and audit rows."""
 
     model_config = _frozen
 
@@ -251,6 +255,10 @@ class PruneResult(BaseModel):
     failed: int = 0
     """failed + crashed + abandoned jobs"""
     attempts: int = 0
+    receipts: int = 0
+    """idempotency receipts (taskq.operator_requests)"""
+    audit: int = 0
+    """operator audit rows (taskq.operator_audit)"""
     events: int = 0
     dry_run: bool = False
     batches: int = 0
@@ -258,8 +266,8 @@ class PruneResult(BaseModel):
 
     @property
     def total(self) -> int:
-        """Rows of jobs and attempts (events not counted)."""
-        return self.succeeded + self.failed + self.attempts
+        """Rows of jobs, attempts, receipts and audit (events not counted)."""
+        return self.succeeded + self.failed + self.attempts + self.receipts + self.audit
 
 
 NonEmptyStr = Annotated[str, StringConstraints(min_length=1, max_length=255)]

@@ -1,9 +1,11 @@
 """Retention by terminal class: the one prune service the worker's pruner and `taskq prune` both call.
 
-Three classes, each on its own keep window (seconds after the row finished; 0 keeps the class forever):
+Five classes, each on its own keep window (seconds after the row finished; 0 keeps the class forever):
 succeeded + cancelled jobs (`retention_succeeded`), failed + crashed + abandoned jobs (`retention_failed`),
-each deleted with its events, and finished job_attempts rows (`retention_attempts`, which outlive their
-jobs for post-mortems). A non-terminal job is never deleted: its status is in every batch's predicate.
+each deleted with its events, finished job_attempts rows (`retention_attempts`, which outlive their
+jobs for post-mortems), and the web API's idempotency receipts (`retention_receipts`, after their creation)
+and operator audit rows (`retention_audit`, after they were written). A non-terminal job is never
+deleted: its status is in every batch's predicate.
 
 Each class is drained in bounded, index-backed batches (one committed statement each) over one
 dedicated connection, never a pooled one, with a pause after each batch proportional to the time the
@@ -42,6 +44,8 @@ def keep_windows(settings: WorkerSettings) -> dict[PruneClass, float]:
         PruneClass.SUCCEEDED: settings.retention_succeeded,
         PruneClass.FAILED: settings.retention_failed,
         PruneClass.ATTEMPTS: settings.retention_attempts,
+        PruneClass.RECEIPTS: settings.retention_receipts,
+        PruneClass.AUDIT: settings.retention_audit,
     }
 
 
@@ -55,7 +59,7 @@ async def prune(
     on_progress: ProgressCallback | None = None,
     stop: asyncio.Event | None = None,
 ) -> PruneResult:
-    """Delete every row past its class's keep window (`keep`: seconds per class, 0 = keep forever), or
+    """Delete every row past its class's keep window (`keep`: seconds per class, 0 or absent = keep forever), or
     with `dry_run` count them and delete nothing. Safe to run on many workers at once (disjoint batches).
     `stop`, when set, ends the prune after the current batch (a stopping worker)."""
     started = time.monotonic()
@@ -66,11 +70,12 @@ async def prune(
         done = dict.fromkeys(PruneClass, 0)
         events = batches = 0
         for cls in PruneClass:
-            if keep[cls] <= 0:
+            window = keep.get(cls, 0.0)
+            if window <= 0:
                 continue
             while stop is None or not stop.is_set():
                 t0 = time.monotonic()
-                rows, ev = await backend_retention.job_prune_batch(conn, cls, keep[cls], batch_size)
+                rows, ev = await backend_retention.job_prune_batch(conn, cls, window, batch_size)
                 took = time.monotonic() - t0
                 batches += 1
                 done[cls] += rows
@@ -82,5 +87,6 @@ async def prune(
                 await backend_retention.job_prune_pause(conn, max(MIN_PAUSE, took * pause_ratio))
     return PruneResult(
         succeeded=done[PruneClass.SUCCEEDED], failed=done[PruneClass.FAILED], attempts=done[PruneClass.ATTEMPTS],
+        receipts=done[PruneClass.RECEIPTS], audit=done[PruneClass.AUDIT],
         events=events, batches=batches, seconds=time.monotonic() - started,
     )

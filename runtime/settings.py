@@ -79,6 +79,12 @@ class WorkerSettings(BaseSettings):
     """Seconds failed, crashed and abandoned jobs (with their events) are kept after they finish; 0 = forever."""
     retention_attempts: RetentionSeconds = 2592000.0
     """Seconds job_attempts rows are kept after their attempt finished (they outlive their jobs); 0 = forever."""
+    retention_receipts: RetentionSeconds = 86400.0
+    """Seconds the web API's idempotency receipts are kept (a key is honoured for at most 24 h anyway,
+    docs/web.md); 0 = forever."""
+    retention_audit: RetentionSeconds = 7776000.0
+    """Seconds the web API's operator audit rows are kept (default 90 days; under an hour counts as an
+    hour); 0 = forever."""
     prune_interval: Seconds = 60.0
     """Seconds between two prunes of a worker (each worker prunes; they share the work safely)."""
     log_format: Literal["text", "json"] = "text"

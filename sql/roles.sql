@@ -20,7 +20,8 @@ BEGIN;
 REVOKE ALL ON ALL TABLES IN SCHEMA taskq FROM :"worker_role", :"client_role";
 REVOKE ALL ON SCHEMA taskq FROM :"worker_role", :"client_role";
 REVOKE ALL ON FUNCTION taskq.delete_terminal_jobs(uuid[]), taskq.delete_finished_attempts(uuid[], bigint[]),
-    taskq.revive_dependents(uuid[], text), taskq.settle_backlog(integer)
+    taskq.revive_dependents(uuid[], text), taskq.settle_backlog(integer),
+    taskq.delete_operator_requests(text[], text[], float8), taskq.delete_operator_audit(bigint[], float8)
     FROM :"worker_role", :"client_role";
 
 GRANT USAGE ON SCHEMA taskq TO :"worker_role", :"client_role";
@@ -51,6 +52,11 @@ GRANT EXECUTE ON FUNCTION taskq.settle_backlog(integer) TO :"worker_role";
 GRANT SELECT, INSERT, UPDATE ON taskq.job_attempts TO :"worker_role";
 GRANT EXECUTE ON FUNCTION taskq.delete_terminal_jobs(uuid[]) TO :"worker_role";
 GRANT EXECUTE ON FUNCTION taskq.delete_finished_attempts(uuid[], bigint[]) TO :"worker_role";
+-- retention of the web API's idempotency receipts and audit rows: the batch reads them (oldest first),
+-- the owner functions delete only rows past the window (the audit: never one younger than an hour)
+GRANT SELECT ON taskq.operator_requests, taskq.operator_audit TO :"worker_role";
+GRANT EXECUTE ON FUNCTION taskq.delete_operator_requests(text[], text[], float8),
+    taskq.delete_operator_audit(bigint[], float8) TO :"worker_role";
 GRANT SELECT, INSERT, UPDATE, DELETE ON taskq.workers TO :"worker_role";
 -- the heartbeat reads and deletes its own lease losses; the trigger that records them runs as the owner
 GRANT SELECT, DELETE ON taskq.lease_losses TO :"worker_role";
@@ -70,7 +76,7 @@ GRANT SELECT, INSERT, DELETE ON taskq.rate_starts TO :"worker_role";
 -- (cancelling a waiting job, or flagging a running one for its worker) and the columns an operator's
 -- requeue resets (a failed, crashed or abandoned job back to pending; worker_id is cleared, never set:
 -- without lock_expires_at no row can be made running). It cannot claim a job, write a result, touch
--- attempts or the worker registry, delete anything or change the schema.
+-- attempts or write the worker registry (it may read it, for the dashboard), delete jobs or change the schema.
 GRANT SELECT ON taskq.jobs TO :"client_role";
 -- (a job enqueued with depends_on on a parent already failed is written cancelled, ParentFailed, at once)
 GRANT INSERT (id, actor, queue, payload, status, priority, tags, max_attempts, scheduled_at,
@@ -86,9 +92,12 @@ GRANT UPDATE (status, cancel_phase, cancel_requested_at, cancel_reason, error_cl
 -- the web API and dashboard (`taskq web`, run as the client role; `taskq tokens` too): token checks and
 -- management, idempotency receipts, the audit log (appended to, never rewritten)
 GRANT SELECT, INSERT, UPDATE (last_used_at, revoked_at) ON taskq.api_tokens TO :"client_role";
-GRANT SELECT, INSERT, UPDATE (status, body), DELETE ON taskq.operator_requests TO :"client_role";
+GRANT SELECT, INSERT, UPDATE (fingerprint, status, body, created_at), DELETE ON taskq.operator_requests
+    TO :"client_role";
 GRANT SELECT, INSERT ON taskq.operator_audit TO :"client_role";
--- (the dashboard's workers page reads taskq.workers, which the client role may not: see docs/web.md)
+-- the dashboard's workers page and GET /api/v1/workers: the registry, read only (hosts, pids, queues,
+-- heartbeats and leases; no secret). Writing it stays the worker role's.
+GRANT SELECT ON taskq.workers TO :"client_role";
 GRANT SELECT, INSERT ON taskq.job_events TO :"client_role";
 -- enqueue with depends_on writes the edges; requeue(cascade=True) revives cascaded children through an
 -- owner function

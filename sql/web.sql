@@ -39,10 +39,14 @@ SELECT name, grants FROM t;
 
 -- name: receipt_claim
 -- First statement of an action's transaction: a duplicate of a request in flight waits here on the
--- primary key until the first commits (then replays) or rolls back (then runs).
-INSERT INTO taskq.operator_requests (principal, key, fingerprint)
+-- primary key until the first commits (then replays) or rolls back (then runs). A key is honoured for
+-- 24 hours from its first request: an older receipt, not yet pruned (retention_receipts), is taken over
+-- by the new request, so a replay after the window is a new request whenever the pruner last ran.
+INSERT INTO taskq.operator_requests AS r (principal, key, fingerprint)
 VALUES (%(principal)s, %(key)s, %(fingerprint)s)
-ON CONFLICT (principal, key) DO NOTHING
+ON CONFLICT (principal, key) DO UPDATE
+    SET fingerprint = EXCLUDED.fingerprint, status = NULL, body = NULL, created_at = now()
+    WHERE r.created_at < now() - interval '24 hours'
 RETURNING key;
 
 -- name: receipt_get

@@ -528,6 +528,37 @@ WITH gate AS (
 SELECT d.attempts, 0::bigint AS events
 FROM taskq.delete_finished_attempts(ARRAY(SELECT job_id FROM doomed), ARRAY(SELECT claim_epoch FROM doomed)) AS d;
 
+-- name: prune_receipts
+-- One bounded batch of the web API's idempotency receipts past their keep window (`retention_receipts`),
+-- oldest first from operator_requests_created_idx, deleted by the owner function (the worker role has no
+-- DELETE on the table). No row lock (the worker role may not take one here, and needs none): a receipt
+-- that a new request takes over past the 24 h window (receipt_claim) gets created_at = now(), and the
+-- function's delete, waiting on that row, re-checks its age and leaves it. Same gate.
+WITH gate AS (
+    SELECT pg_try_advisory_xact_lock(7461732, 1) AS open
+), doomed AS (
+    SELECT principal, key FROM taskq.operator_requests, gate
+    WHERE gate.open AND created_at < now() - %(keep)s::float8 * interval '1 second'
+    ORDER BY created_at
+    LIMIT %(limit)s
+)
+SELECT taskq.delete_operator_requests(ARRAY(SELECT principal FROM doomed), ARRAY(SELECT key FROM doomed),
+                                      %(keep)s::float8) AS rows, 0::bigint AS events;
+
+-- name: prune_audit
+-- One bounded batch of operator audit rows past their keep window (`retention_audit`), oldest first from
+-- operator_audit_at_idx, deleted by the owner function. A window under an hour counts as an hour (the
+-- function's floor too). Audit rows are never updated: no row lock. Same gate.
+WITH gate AS (
+    SELECT pg_try_advisory_xact_lock(7461732, 1) AS open
+), doomed AS (
+    SELECT id FROM taskq.operator_audit, gate
+    WHERE gate.open AND at < now() - greatest(%(keep)s::float8, 3600) * interval '1 second'
+    ORDER BY at
+    LIMIT %(limit)s
+)
+SELECT taskq.delete_operator_audit(ARRAY(SELECT id FROM doomed), %(keep)s::float8) AS rows, 0::bigint AS events;
+
 -- name: prune_pause
 -- The pause after a prune batch, taken holding the batch gate: while one pruner pauses, a batch of any
 -- other pruner finds the gate taken and ends its round, so the fleet as a whole prunes at one pruner's
@@ -552,6 +583,12 @@ SELECT (SELECT count(*) FROM succ) AS succeeded,
        (SELECT count(*) FROM taskq.job_attempts
         WHERE %(keep_attempts)s::float8 > 0 AND finished_at IS NOT NULL
           AND finished_at < now() - %(keep_attempts)s::float8 * interval '1 second') AS attempts,
+       (SELECT count(*) FROM taskq.operator_requests
+        WHERE %(keep_receipts)s::float8 > 0
+          AND created_at < now() - %(keep_receipts)s::float8 * interval '1 second') AS receipts,
+       (SELECT count(*) FROM taskq.operator_audit
+        WHERE %(keep_audit)s::float8 > 0
+          AND at < now() - greatest(%(keep_audit)s::float8, 3600) * interval '1 second') AS audit,
        (SELECT count(*) FROM taskq.job_events AS e
         WHERE e.job_id IN (SELECT id FROM succ UNION ALL SELECT id FROM fail)) AS events;
 

@@ -28,6 +28,7 @@ from taskq.supervisor.reclaim import Reclaimer
 from taskq.supervisor.restart import CRASH_LOOP, RestartPolicy
 from taskq.supervisor.sdnotify import Notifier, watchdog_interval
 from taskq.supervisor.spawn import HANDLED_SIGNALS, child_hygiene, exit_child, run_worker_child
+from taskq.supervisor.web_child import WebChild
 from taskq.supervisor.workers import WorkerProc
 from taskq.worker import exitcodes
 
@@ -80,6 +81,8 @@ class Supervisor:
     registry: Any
     """The imported actors (preload), or None when each worker imports APP itself."""
     inherited_fds: set[int] = field(default_factory=set)
+    web: WebChild | None = None
+    """`taskq run --web-port`: the dashboard's process, started with the loop and restarted like a worker."""
 
     def __post_init__(self) -> None:
         self.pid = os.getpid()
@@ -225,6 +228,8 @@ class Supervisor:
         if self.helper is not None:
             self._fork_helper()
             log.info("metrics endpoint on http://%s/metrics (also /healthz, /readyz)", self.helper.address)
+        if self.web is not None:
+            self.web.start()
         self._publish(self._now())
         while True:
             now = self._now()
@@ -244,6 +249,8 @@ class Supervisor:
                 self._spawn_missing(now)
                 self._maybe_ready()
                 self._keep_helper(now)
+                if self.web is not None:
+                    self.web.keep(now)
             elif not self.workers:
                 break
             self._publish(now)
@@ -268,6 +275,8 @@ class Supervisor:
                 deadlines.append(wp.last_seen + self.settings.worker_timeout)
             if wp.stop_deadline is not None:
                 deadlines.append(wp.stop_deadline)
+        if self.stopping is None and self.web is not None and self.web.restart_at is not None:
+            deadlines.append(self.web.restart_at)
         retry_at = self.reclaimer.next_try()
         if retry_at is not None:
             deadlines.append(retry_at)
@@ -414,6 +423,9 @@ class Supervisor:
                 if self.stopping is None:
                     log.error("the metrics helper (pid %d) died (status %d); restarting it", pid, status)
                 self.helper.on_exit(now)
+                continue
+            if self.web is not None and pid == self.web.pid:
+                self.web.on_exit(status, now, stopping=self.stopping is not None)
                 continue
             wp = self.workers.pop(pid, None)
             if wp is not None:
@@ -609,6 +621,8 @@ class Supervisor:
     def _finish(self) -> int:
         self.reclaimer.flush(self._now())
         self.notifier.status("stopped")
+        if self.web is not None:
+            self.web.stop()
         if self.helper is not None:
             self.helper.stop()
             self.helper.close()

@@ -37,6 +37,7 @@ from taskq.supervisor.metrics_http import (
     multiprocess_ready,
     remove_metrics_dir,
 )
+from taskq.supervisor.web_child import WebChild
 from taskq.worker import exitcodes
 from taskq.worker.cli import add_settings_flags, configure_logging, describe_validation_error
 
@@ -57,25 +58,6 @@ def _port(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be a port number (0-65535), got {value}")
     return value
-
-
-def start_web(dsn: str, host: str, port: int) -> subprocess.Popen[bytes]:
-    """`taskq web` beside the supervisor, as a child of its own (the DSN in its environment, never on its
-    command line). It is stopped with the supervisor; if it dies it is not restarted (its exit is logged
-    when the supervisor stops)."""
-    env = os.environ | {"TASKQ_DSN": dsn}
-    return subprocess.Popen([sys.executable, *_interpreter_flags(), "-m", "taskq.cli", "web", "--host", host,
-                             "--port", str(port)], env=env)
-
-
-def stop_web(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout)
 
 
 def _seconds(text: str) -> float:
@@ -231,19 +213,21 @@ def supervisor_command(args: argparse.Namespace) -> int:
                 registry = load_app(options.app)
             except AppImportError as exc:
                 return _fail(str(exc), exitcodes.IMPORT_ERROR)
-        supervisor = Supervisor(options, settings, dsn, registry, inherited)
+        web_port = getattr(args, "web_port", None)
+        web = None if web_port is None else WebChild(
+            dsn, args.web_host, web_port, backoff=options.restart_backoff, backoff_max=options.restart_backoff_max,
+            window=options.crash_window)
+        supervisor = Supervisor(options, settings, dsn, registry, inherited, web)
         try:
             supervisor.bind_metrics()
         except OSError as exc:
             return _fail(f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: "
                          f"{exc.strerror or exc} (set --metrics-port; 0 picks a free port)", exitcodes.USAGE)
-        web_port = getattr(args, "web_port", None)
-        web = start_web(dsn, args.web_host, web_port) if web_port is not None else None
         try:
             return supervisor.run()
         finally:
             if web is not None:
-                stop_web(web)
+                web.stop()  # a no-op after a normal stop; else the child must not outlive us
     finally:
         remove_metrics_dir()
 

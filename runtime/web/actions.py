@@ -297,3 +297,26 @@ async def queue_action(backend: Backend, caller: Caller, name: str, verb: str, *
         return Outcome(200, done.model_dump(mode="json"))
 
     return await run_write(backend, caller, request_fingerprint, body)
+
+
+LIMIT_FIELDS = ("concurrency", "concurrency_per_key", "rate_limit", "rate_period")
+
+
+async def queue_limit(backend: Backend, caller: Caller, name: str, change: dict[str, Any], *, reason: str | None,
+                      request_fingerprint: str) -> Outcome:
+    """Set or remove a queue's limits (queues:write on it) through `queues.set_queue_limits`, the function
+    `taskq queue limit` calls: `change` holds the limits given (a field left out is kept, None removes
+    it). 200 with {"name", "limits"}; the queue's 'limits' event and the audit row (its detail: the change)
+    commit together. A bad value is a ConfigurationError (400) raised before any write of the action:
+    the transaction, the receipt included, rolls back."""
+    if not caller.principal.may("queues:write", name):
+        raise forbidden("queues:write", name)
+
+    async def body(tx: Tx) -> Outcome:
+        done = await queues.set_queue_limits(tx.backend, name, reason=reason, by=caller.principal.name,
+                                             **{k: change[k] for k in LIMIT_FIELDS if k in change})
+        await audit(tx.conn, caller.entry("queues:limit", reason=reason, detail={"change": change}),
+                    [(None, name, None, "limited")])
+        return Outcome(200, done.model_dump(mode="json"))
+
+    return await run_write(backend, caller, request_fingerprint, body)

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -66,6 +66,18 @@ class EnqueueBody(_Body):
 
 
 class QueueBody(_Body):
+    reason: str | None = Field(default=None, max_length=10_000)
+
+
+class LimitBody(_Body):
+    """POST /queues/{name}:limit: each limit given is set (null removes it), each left out is kept. The
+    values are checked by taskq.queues, as for `taskq queue limit` (whole numbers >= 1; a rate needs its
+    period, a finite number of seconds > 0 and at most a year)."""
+
+    concurrency: StrictInt | None = None
+    concurrency_per_key: StrictInt | None = None
+    rate_limit: StrictInt | None = None
+    rate_period: StrictFloat | StrictInt | None = None
     reason: str | None = Field(default=None, max_length=10_000)
 
 
@@ -269,7 +281,7 @@ async def get_stats(request: Request) -> Response:
     who = await principal(request)
     st = state_of(request)
     key = f"stats:{who.name}"
-    found = st.cached(key) or st.remember(key, await reads.stats(await st.backend(), who))
+    found = st.cached(key) or st.remember(key, await reads.stats(await st.backend(), who, state=st))
     return ok(request, found)
 
 
@@ -279,7 +291,7 @@ async def list_queues(request: Request) -> Response:
     finished jobs, with its depth, pause and limits."""
     who = await principal(request)
     st = state_of(request)
-    found = await reads.stats(await st.backend(), who)
+    found = await reads.stats(await st.backend(), who, state=st)
     return ok(request, {"queues": [{"name": name, "depth": q["depth"], "paused": q["paused"], "limits": q["limits"]}
                                    for name, q in sorted(found["queues"].items())]})
 
@@ -405,6 +417,19 @@ def _queue(verb: str) -> Handler:
 
 
 @endpoint
+async def limit_queue(request: Request) -> Response:
+    """POST /queues/{name}:limit: set or remove the queue's fleet-wide limits (queues:write)."""
+    who = await principal(request)
+    body = await json_body(request)
+    parsed = parse_body(LimitBody, body)
+    name = check_queue_name(request.path_params["name"])
+    change = {k: getattr(parsed, k) for k in actions.LIMIT_FIELDS if k in parsed.model_fields_set}
+    outcome = await actions.queue_limit(await state_of(request).backend(), caller(request, who), name, change,
+                                        reason=parsed.reason, request_fingerprint=fingerprint(request, body))
+    return outcome_response(request, outcome)
+
+
+@endpoint
 async def openapi(request: Request) -> Response:
     from taskq.web.openapi import schema
 
@@ -433,6 +458,7 @@ def routes() -> list[BaseRoute]:
         Route("/schedules", list_schedules, methods=["GET"]),
         Route("/queues/{name}:pause", _queue("pause"), methods=["POST"]),
         Route("/queues/{name}:resume", _queue("resume"), methods=["POST"]),
+        Route("/queues/{name}:limit", limit_queue, methods=["POST"]),
         Route("/queues", list_queues, methods=["GET"]),
         Route("/stats", get_stats, methods=["GET"]),
         Route("/cancellations", list_cancellations, methods=["GET"]),

@@ -32,7 +32,7 @@ from taskq.tokens import Principal
 from taskq.web import actions, reads
 from taskq.web.actions import BULK_LIMIT, Caller, Outcome
 from taskq.web.api import state_of
-from taskq.web.problems import Problem
+from taskq.web.problems import Problem, forbidden
 from taskq.web.svg import sparkline
 
 COOKIE = "taskq_session"
@@ -172,7 +172,7 @@ async def logout(request: Request) -> Response:
 async def overview(request: Request, who: Principal) -> Response:
     st = state_of(request)
     key = f"stats:{who.name}"
-    stats = st.cached(key) or st.remember(key, await reads.stats(await st.backend(), who))
+    stats = st.cached(key) or st.remember(key, await reads.stats(await st.backend(), who, state=st))
     queues = []
     now = datetime.now(UTC).replace(second=0, microsecond=0)
     minutes = [now - timedelta(minutes=stats["window_minutes"] - 1 - i) for i in range(stats["window_minutes"])]
@@ -347,6 +347,66 @@ async def queue_action(request: Request, who: Principal) -> Response:
     return RedirectResponse(f"{base_of(request)}/?" + urlencode({"msg": f"queue {name}: {said}"}), 303)
 
 
+LIMIT_INPUTS = {"concurrency": int, "concurrency_per_key": int, "rate_limit": int, "rate_period": float}
+
+
+def _limit_change(form: FormData) -> tuple[dict[str, Any], dict[str, str]]:
+    """The limits a form sets: an empty field keeps its limit, `none` removes it, anything else is a
+    number (checked again by taskq.queues, as for the API)."""
+    change: dict[str, Any] = {}
+    raw: dict[str, str] = {}
+    for field, kind in LIMIT_INPUTS.items():
+        text = str(form.get(field, "")).strip()
+        if not text:
+            continue
+        raw[field] = text
+        if text.lower() == "none":
+            change[field] = None
+            continue
+        try:
+            change[field] = kind(text)
+        except ValueError:
+            raise Problem(400, "INVALID_ARGUMENT", f"{field} must be a number or none, got {text!r}") from None
+    return change, raw
+
+
+async def _queue_limits_of(request: Request, who: Principal, name: str) -> QueueLimits:
+    return await reads.queue_limits(await state_of(request).backend(), who, name)
+
+
+@page
+async def queue_limits(request: Request, who: Principal) -> Response:
+    """The form that sets a queue's limits (its post asks to confirm first)."""
+    name = check_queue_name(request.path_params["name"])
+    current = await _queue_limits_of(request, who, name)
+    return render(request, "queue_limit.html", who, name=name, current_text=current.describe(), change=None, raw={})
+
+
+@page
+async def queue_limit(request: Request, who: Principal) -> Response:
+    """The limit form's post: first a confirmation of the change, then (confirm=yes) the change itself,
+    through the API's action (queues:write, idempotency, audit)."""
+    name = check_queue_name(request.path_params["name"])
+    form = form_of(request)
+    change, raw = _limit_change(form)
+    reason = str(form.get("reason", "")).strip() or None
+    if not who.may("queues:write", name):
+        raise forbidden("queues:write", name)
+    if not change:
+        raise Problem(400, "INVALID_ARGUMENT", "set or remove at least one limit")
+    if form.get("confirm") != "yes":
+        current = await _queue_limits_of(request, who, name)
+        return render(request, "queue_limit.html", who, name=name, current_text=current.describe(), change=change,
+                      raw=raw | ({"reason": reason} if reason else {}))
+    fp = actions.fingerprint("POST", f"/api/v1/queues/{name}:limit", change | {"reason": reason})
+    st = state_of(request)
+    outcome = await actions.queue_limit(await st.backend(), caller_of(request, who), name, change, reason=reason,
+                                        request_fingerprint=fp)
+    st.forget()
+    msg = f"queue {name}: limits now {QueueLimits(**outcome.body['limits']).describe()}"
+    return RedirectResponse(f"{base_of(request)}/?" + urlencode({"msg": msg}), 303)
+
+
 def routes() -> list[BaseRoute]:
     return [
         Route("/login", login, methods=["GET", "POST"]),
@@ -359,6 +419,8 @@ def routes() -> list[BaseRoute]:
         Route("/workers", workers, methods=["GET"]),
         Route("/schedules", schedules, methods=["GET"]),
         Route("/schedules/{name}/{verb}", schedule_action, methods=["POST"]),
+        Route("/queues/{name}/limits", queue_limits, methods=["GET"]),
+        Route("/queues/{name}/limit", queue_limit, methods=["POST"]),
         Route("/queues/{name}/{verb}", queue_action, methods=["POST"]),
         Route("/cancellations", cancellations, methods=["GET"]),
     ]

@@ -7,7 +7,7 @@ import functools
 from typing import Any
 
 from taskq.models import JobRow
-from taskq.web.api import BulkBody, CancelBody, EnqueueBody, QueueBody, RequeueBody
+from taskq.web.api import BulkBody, CancelBody, EnqueueBody, LimitBody, QueueBody, RequeueBody
 
 _REF = "#/components/schemas/{model}"
 
@@ -51,7 +51,7 @@ def schema() -> dict[str, Any]:
     job = {"$ref": _REF.format(model="JobRow")}
     job_answer = {"type": "object", "properties": {"job": job, "previous_status": {"type": "string"}}}
     models = {m.__name__: m.model_json_schema(ref_template=_REF)
-              for m in (JobRow, CancelBody, RequeueBody, EnqueueBody, BulkBody, QueueBody)}
+              for m in (JobRow, CancelBody, RequeueBody, EnqueueBody, BulkBody, QueueBody, LimitBody)}
     components: dict[str, Any] = {}
     for name, s in models.items():
         components.update(s.pop("$defs", {}))
@@ -107,6 +107,14 @@ def schema() -> dict[str, Any]:
         paths[f"/queues/{{name}}:{verb}"] = {"post": write(
             f"{verb}Queue", f"{verb} a queue fleet-wide (queues:write on it); 404 for an unknown queue",
             "QueueBody", {"200": _json("the queue's state", queue_state)}, [_NAME])}
+    limits = {"type": "object", "required": ["name", "limits"],
+              "properties": {"name": {"type": "string"}, "limits": {"type": "object", "properties": {
+                  k: {"type": ["integer", "null"]} for k in ("concurrency", "concurrency_per_key", "rate_limit")}
+                  | {"rate_period": {"type": ["number", "null"]}}}}}
+    paths["/queues/{name}:limit"] = {"post": write(
+        "limitQueue", "set (a value) or remove (null) a queue's fleet-wide limits; a limit left out is kept "
+        "(queues:write on it); creates the queue's row if it has none", "LimitBody",
+        {"200": _json("the queue's limits after the change", limits)}, [_NAME])}
     return {
         "openapi": "3.1.0",
         "info": {"title": "taskq operator API", "version": "1"},

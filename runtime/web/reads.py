@@ -8,7 +8,7 @@ import base64
 import binascii
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from taskq import backend_dependencies, backend_web, schedule_admin
@@ -21,6 +21,9 @@ from taskq.models import JobFilter, JobRow, JobStatus, QueueLimits
 from taskq.settings import WorkerSettings
 from taskq.tokens import Principal
 from taskq.web.problems import Problem, bad_request, forbidden, not_found
+
+if TYPE_CHECKING:
+    from taskq.web.state import WebState
 
 JOB_FILTERS = ("status", "queue", "actor", "tag", "parent", "created_after", "created_before")
 PAGE_PARAMS = ("limit", "cursor")
@@ -259,15 +262,25 @@ async def schedules(backend: Backend, who: Principal) -> list[dict[str, Any]]:
             if who.may("schedules:read", s.queue)]
 
 
-async def stats(backend: Backend, who: Principal, minutes: int = 60) -> dict[str, Any]:
+async def stats(backend: Backend, who: Principal, minutes: int = 60, *, state: WebState | None = None
+                ) -> dict[str, Any]:
     """Per queue: depth by status (waiting and running), the oldest waiting job, and per minute of the
     last hour the finished jobs by status with run-time p50/p95; each queue's `paused` (with who, when
-    and why) and `limits` from taskq.queues (a queue with a row there shows even with no jobs)."""
+    and why) and `limits` from taskq.queues (a queue with a row there shows even with no jobs). With
+    `state`, the last hour's figures are reused for RECENT_CACHE_SECONDS (they read every job finished
+    in the hour)."""
+    from taskq.web.state import RECENT_CACHE_SECONDS
+
     if not who.may("jobs:read"):
         raise forbidden("jobs:read", None)
     readable = who.readable()
     depth = await fetch_all(backend, "stats_depth", {"readable": readable})
-    recent = await fetch_all(backend, "stats_recent", {"readable": readable, "minutes": minutes})
+    recent_key = f"recent:{minutes}:{readable}"
+    recent = state.cached(recent_key) if state is not None else None
+    if recent is None:
+        recent = await fetch_all(backend, "stats_recent", {"readable": readable, "minutes": minutes})
+        if state is not None:
+            state.remember(recent_key, recent, RECENT_CACHE_SECONDS)
     queues: dict[str, dict[str, Any]] = {}
     for r in await fetch_all(backend, "stats_queues", {"readable": readable}):
         q = queues.setdefault(r["name"], _queue_entry())
@@ -287,6 +300,17 @@ async def stats(backend: Backend, who: Principal, minutes: int = 60) -> dict[str
         q["per_minute"].append({"minute": r["minute"].isoformat(), "status": r["status"], "n": r["n"],
                                 "run_p50": r["p50"], "run_p95": r["p95"]})
     return {"window_minutes": minutes, "queues": queues}
+
+
+async def queue_limits(backend: Backend, who: Principal, name: str) -> QueueLimits:
+    """One queue's limits (none when it has no taskq.queues row), from the small queues table only."""
+    if not who.may("jobs:read", name):
+        raise forbidden("jobs:read", name)
+    for r in await fetch_all(backend, "stats_queues", {"readable": None}):  # a small table; the grant is checked
+        if r["name"] == name:
+            return QueueLimits(concurrency=r["concurrency_limit"], concurrency_per_key=r["concurrency_per_key"],
+                               rate_limit=r["rate_limit"], rate_period=r["rate_period"])
+    return QueueLimits()
 
 
 def _queue_entry() -> dict[str, Any]:

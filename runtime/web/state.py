@@ -18,6 +18,10 @@ TOKEN_CACHE_SECONDS = 5.0
 """A revoked token stops working within this long (each web process re-reads a token at most this often)."""
 STATS_CACHE_SECONDS = 2.0
 """The overview's aggregates are computed at most this often per web process, however many viewers."""
+RECENT_CACHE_SECONDS = 15.0
+"""The last hour's per-minute outcomes and run times (the overview's charts) are computed at most this
+often per web process: unlike the depth (index entries of waiting and running rows), that query reads
+every job finished in the last hour, so its cost grows with the throughput (benchmarks/web.py)."""
 
 
 @dataclass
@@ -85,8 +89,8 @@ class WebState:
         """Drop the cached stats (after a write that changes them, such as a queue's pause)."""
         self._stats.clear()
 
-    def remember(self, key: str, value: Any) -> Any:
+    def remember(self, key: str, value: Any, seconds: float = STATS_CACHE_SECONDS) -> Any:
         if len(self._stats) > 1000:
             self._stats.clear()
-        self._stats[key] = (time.monotonic() + STATS_CACHE_SECONDS, value)
+        self._stats[key] = (time.monotonic() + seconds, value)
         return value

@@ -1,7 +1,8 @@
-"""The pruner: every `prune_interval` (with jitter), delete the terminal jobs, events and attempts rows
-past their retention windows, through the one prune service `taskq prune` also uses. Runs on every
-worker; the batches lock with SKIP LOCKED, so pruners on many workers share the work without waiting
-on one another, and each uses a connection of its own for the length of one prune, never the pool's."""
+"""The pruner: every `prune_interval` (with jitter), delete the terminal jobs, events and attempts rows,
+and the web API's idempotency receipts and audit rows, past their retention windows, through the one
+prune service `taskq prune` also uses. Runs on every worker; the batches lock with SKIP LOCKED, so
+pruners on many workers share the work without waiting on one another, and each uses a connection of
+its own for the length of one prune, never the pool's."""
 
 from __future__ import annotations
 
@@ -47,11 +48,12 @@ class Pruner:
 
     async def prune_once(self) -> PruneResult:
         result = await prune(self.store.backend, keep_windows(self.settings), stop=self.stopping)
-        for cls in ("succeeded", "failed", "attempts", "events"):
+        for cls in ("succeeded", "failed", "attempts", "receipts", "audit", "events"):
             n = getattr(result, cls)
             if n:
                 ROWS_PRUNED.labels(**{"class": cls}).inc(n)
         if result.total:
-            log.info("pruned %d succeeded, %d failed jobs (%d events), %d attempts rows in %.2fs",
-                     result.succeeded, result.failed, result.events, result.attempts, result.seconds)
+            log.info("pruned %d succeeded, %d failed jobs (%d events), %d attempts rows, %d receipts, %d audit rows"
+                     " in %.2fs", result.succeeded, result.failed, result.events, result.attempts, result.receipts,
+                     result.audit, result.seconds)
         return result

@@ -590,6 +590,10 @@ CASES: list[Case] = [
          "retention_succeeded", lambda e: cli(e, "prune", "--retention-succeeded", "-1")),
     Case("cli-prune-env-nan-retention", "cli", "taskq prune, TASKQ_RETENTION_FAILED=nan", "exit 2",
          "retention_failed", lambda e: cli(e, "prune", extra_env={"TASKQ_RETENTION_FAILED": "nan"})),
+    Case("cli-prune-negative-receipts", "cli", "taskq prune --retention-receipts -1", "exit 2",
+         "retention_receipts", lambda e: cli(e, "prune", "--retention-receipts", "-1")),
+    Case("cli-prune-env-nan-audit", "cli", "taskq prune, TASKQ_RETENTION_AUDIT=nan", "exit 2",
+         "retention_audit", lambda e: cli(e, "prune", extra_env={"TASKQ_RETENTION_AUDIT": "nan"})),
     Case("cli-worker-negative-retention", "cli", "taskq worker --retention-attempts -5", "exit 2",
          "retention_attempts", lambda e: worker_cli(e, "taskq_testapp:actors", "--retention-attempts", "-5")),
     # -- worker --------------------------------------------------------------------------------------
@@ -612,6 +616,10 @@ CASES: list[Case] = [
          "retention_succeeded", lambda e: settings_error(retention_succeeded=float("nan"))),
     Case("worker-settings-negative-retention", "worker", "WorkerSettings(retention_failed=-1)", "ValidationError",
          "retention_failed", lambda e: settings_error(retention_failed=-1)),
+    Case("worker-settings-nan-audit", "worker", "WorkerSettings(retention_audit=nan)", "ValidationError",
+         "retention_audit", lambda e: settings_error(retention_audit=float("nan"))),
+    Case("worker-settings-negative-receipts", "worker", "WorkerSettings(retention_receipts=-1)", "ValidationError",
+         "retention_receipts", lambda e: settings_error(retention_receipts=-1)),
     Case("worker-settings-negative", "worker", "WorkerSettings(max_threads=-1)", "ValidationError", "max_threads",
          lambda e: settings_error(max_threads=-1)),
 ]

@@ -373,6 +373,26 @@ async def test_worker_role_prunes_through_the_owner_functions_and_only_terminal_
     assert deleted == (0, 0) and query(dsn, "SELECT count(*) FROM taskq.job_events")[0][0] == 1
 
 
+async def test_worker_role_prunes_receipts_and_audit_rows_through_the_owner_functions(roles: Roles, dsn: str) -> None:
+    from taskq.backend import Backend
+    from taskq.retention import keep_windows, prune
+
+    query(dsn, "INSERT INTO taskq.operator_requests (principal, key, fingerprint, status, body, created_at)"
+               " VALUES ('ops', 'old', 'f', 200, '{}', now() - interval '2 days'),"
+               " ('ops', 'new', 'f', 200, '{}', now())")
+    query(dsn, "INSERT INTO taskq.operator_audit (at, principal, action, outcome) VALUES"
+               " (now() - interval '100 days', 'ops', 'jobs:cancel', 'cancelled'),"
+               " (now() - interval '10 minutes', 'ops', 'jobs:cancel', 'cancelled')")
+    backend = await Backend.open(roles.worker_dsn, max_size=1)
+    try:
+        result = await prune(backend, keep_windows(WorkerSettings()))
+    finally:
+        await backend.close()
+    assert (result.receipts, result.audit) == (1, 1)
+    assert query(dsn, "SELECT key FROM taskq.operator_requests") == [("new",)]
+    assert query(dsn, "SELECT count(*) FROM taskq.operator_audit WHERE at > now() - interval '1 hour'") == [(1,)]
+
+
 # -- what the roles must not do -----------------------------------------------------------------------
 
 CLAIM = sql.query("job_claim")
@@ -387,7 +407,8 @@ FORBIDDEN_TO_CLIENT: list[tuple[str, str, dict[str, Any]]] = [
     ("write an attempt", "INSERT INTO taskq.job_attempts (job_id, attempt, claim_epoch, worker_id) "
                          "VALUES (gen_random_uuid(), 1, 1, 'x')", {}),
     ("close an attempt", "UPDATE taskq.job_attempts SET outcome = 'succeeded'", {}),
-    ("read the worker registry", "SELECT * FROM taskq.workers", {}),
+    ("rewrite the worker registry", "UPDATE taskq.workers SET stopping = true", {}),
+    ("forget a worker", "DELETE FROM taskq.workers", {}),
     ("register a worker", "INSERT INTO taskq.workers (id, host, pid, queues, concurrency) "
                           "VALUES ('x', 'h', 1, '{default}', 1)", {}),
     ("drop the jobs table", "DROP TABLE taskq.jobs", {}),
@@ -397,6 +418,10 @@ FORBIDDEN_TO_CLIENT: list[tuple[str, str, dict[str, Any]]] = [
     ("edit the migrations", "DELETE FROM taskq.schema_migrations", {}),
     ("prune jobs", "SELECT taskq.delete_terminal_jobs(ARRAY(SELECT id FROM taskq.jobs))", {}),
     ("prune attempts", "SELECT taskq.delete_finished_attempts('{}', '{}')", {}),
+    ("prune receipts", "SELECT taskq.delete_operator_requests('{}', '{}', 0)", {}),
+    ("prune the audit", "SELECT taskq.delete_operator_audit('{}', 0)", {}),
+    ("rewrite the audit", "UPDATE taskq.operator_audit SET reason = 'forged'", {}),
+    ("delete the audit", "DELETE FROM taskq.operator_audit", {}),
 ]
 FORBIDDEN_TO_WORKER: list[tuple[str, str, dict[str, Any]]] = [
     ("create a table in taskq", "CREATE TABLE taskq.x (a int)", {}),
@@ -416,6 +441,10 @@ FORBIDDEN_TO_WORKER: list[tuple[str, str, dict[str, Any]]] = [
      {}),
     ("drop a constraint", "ALTER TABLE taskq.jobs DROP CONSTRAINT jobs_cancelled_has_request", {}),
     ("create a function", "CREATE FUNCTION taskq.f() RETURNS int LANGUAGE sql AS 'SELECT 1'", {}),
+    ("delete the audit", "DELETE FROM taskq.operator_audit", {}),
+    ("rewrite the audit", "UPDATE taskq.operator_audit SET reason = 'forged'", {}),
+    ("forge a receipt", "INSERT INTO taskq.operator_requests (principal, key, fingerprint) VALUES ('x', 'k', 'f')",
+     {}),
 ]
 
 
@@ -624,3 +653,72 @@ def test_the_roles_script_is_not_a_migration_and_defines_no_queries() -> None:
     assert not any(name.startswith("role") for name in sql.queries())
     text = roles_script()
     assert ':"worker_role"' in text and ':"client_role"' in text
+
+
+# -- the web server under the client role ---------------------------------------------------------------
+
+
+async def test_the_web_server_runs_under_the_client_role_workers_page_and_queue_limits_included(
+    roles: Roles, dsn: str, tmp_path: Path
+) -> None:
+    """`taskq web` as the client role of roles.sql: every read page and route (the workers page and
+    GET /workers read taskq.workers), a queue limit set through the API and through the dashboard's
+    confirmed form, and the token bookkeeping, with no permission error anywhere."""
+    import httpx
+    from testkit import WebServer
+
+    from taskq.backend import Backend
+    from taskq.tokens import create_token
+
+    backend = await Backend.open(roles.client_dsn, max_size=1)
+    try:
+        _, token = await create_token(backend, "ops", ["*@*"])
+    finally:
+        await backend.close()
+    web = WebServer(roles.client_dsn, log_path=tmp_path / "web.log")
+    try:
+        async with running_worker(roles.worker_dsn, registry) as worker:
+            async with await JobsClient.connect(roles.client_dsn, registry=registry) as client:
+                done = await client.enqueue(echo, Msg(text="w"))
+                await wait_for(lambda: _terminal(client, done.job_id), timeout=20)
+            auth = {"Authorization": f"Bearer {token}"}
+            async with httpx.AsyncClient(base_url=web.url, timeout=30) as c:
+                listed = await c.get("/api/v1/workers", headers=auth)
+                assert listed.status_code == 200, listed.text
+                assert worker.worker_id in {w["id"] for w in listed.json()["workers"]}
+                for path in ("/api/v1/jobs", f"/api/v1/jobs/{done.job_id}", "/api/v1/queues", "/api/v1/stats",
+                             "/api/v1/schedules", "/api/v1/cancellations"):
+                    r = await c.get(path, headers=auth)
+                    assert r.status_code == 200, (path, r.text)
+                limited = await c.post("/api/v1/queues/default:limit", json={"concurrency": 3},
+                                       headers=auth | {"Idempotency-Key": "role-l-1"})
+                assert limited.status_code == 200, limited.text
+                login = await c.post("/login?next=/workers", data={"token": token})
+                assert login.status_code == 303
+                page = await c.get("/workers")
+                assert page.status_code == 200 and worker.worker_id in page.text, page.text
+                for path in ("/", "/jobs", f"/jobs/{done.job_id}", "/schedules", "/cancellations",
+                             "/queues/default/limits"):
+                    r = await c.get(path)
+                    assert r.status_code == 200, (path, r.text)  # an error page has the error's status
+                csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', r.text)  # the limits page's form
+                assert csrf is not None
+                preview = await c.post("/queues/default/limit", data={"csrf": csrf.group(1), "concurrency": "none",
+                                                                      "rate_limit": "10", "rate_period": "2"})
+                assert preview.status_code == 200 and 'id="limit-change"' in preview.text, preview.text
+                assert query(dsn, "SELECT concurrency_limit, rate_limit FROM taskq.queues WHERE name = 'default'"
+                             ) == [(3, None)]  # a preview changes nothing
+                confirmed = await c.post("/queues/default/limit", data={
+                    "csrf": csrf.group(1), "confirm": "yes", "idempotency_key": "role-l-2", "concurrency": "none",
+                    "rate_limit": "10", "rate_period": "2"})
+                assert confirmed.status_code == 303 and "limits+now+10+per+2s" in confirmed.headers["location"]
+                bad = await c.post("/queues/default/limit", data={"csrf": csrf.group(1), "confirm": "yes",
+                                                                  "concurrency": "lots"})
+                assert bad.status_code == 400 and "concurrency must be a number" in bad.text
+    finally:
+        web.stop()
+    assert query(dsn, "SELECT concurrency_limit, rate_limit, rate_period FROM taskq.queues WHERE name = 'default'"
+                 ) == [(None, 10, 2.0)]
+    assert query(dsn, "SELECT action, outcome, principal FROM taskq.operator_audit ORDER BY id") == [
+        ("queues:limit", "limited", "ops"), ("queues:limit", "limited", "ops")]
+    assert "permission denied" not in (tmp_path / "web.log").read_text(errors="replace")

@@ -353,7 +353,7 @@ async def test_openapi_describes_every_route(api: Api) -> None:
     for path in ("/jobs", "/jobs/{job_id}", "/jobs/{job_id}:cancel", "/jobs/{job_id}:requeue", "/jobs:cancel",
                  "/jobs:requeue", "/workers", "/schedules", "/queues", "/stats", "/cancellations",
                  "/schedules/{name}:pause", "/schedules/{name}:resume", "/schedules/{name}:trigger",
-                 "/queues/{name}:pause", "/queues/{name}:resume"):
+                 "/queues/{name}:pause", "/queues/{name}:resume", "/queues/{name}:limit"):
         assert path in spec["paths"], path
     assert "revision" in spec["components"]["schemas"]["JobRow"]["properties"]
 
@@ -462,6 +462,56 @@ async def test_a_queue_action_on_an_unknown_queue_or_without_the_grant_changes_n
         assert query(api.dsn, f"SELECT count(*) FROM taskq.{table}")[0][0] == 0, table
 
 
+def queue_limits(dsn: str, name: str) -> tuple[Any, ...] | None:
+    found = query(dsn, "SELECT concurrency_limit, concurrency_per_key, rate_limit, rate_period FROM taskq.queues"
+                       " WHERE name = %s", name)
+    return tuple(found[0]) if found else None
+
+
+async def test_queue_limits_are_set_kept_and_removed_through_the_queue_service_and_audited(api: Api) -> None:
+    job(api.dsn, "billing-eu")
+    async with api.client("billing-ops") as c:
+        first = await c.post("/queues/billing-eu:limit", json={"concurrency": 4, "rate_limit": 50, "rate_period": 1,
+                                                               "reason": "provider quota"},
+                             headers={"Idempotency-Key": "ql-1", "X-Request-Id": "req-ql-1"})
+        assert first.status_code == 200, first.text
+        assert first.json() == {"name": "billing-eu", "limits": {"concurrency": 4, "concurrency_per_key": None,
+                                                                 "rate_limit": 50, "rate_period": 1.0}}
+        replay = await c.post("/queues/billing-eu:limit", json={"concurrency": 4, "rate_limit": 50, "rate_period": 1,
+                                                                "reason": "provider quota"},
+                              headers={"Idempotency-Key": "ql-1"})
+        assert replay.status_code == 200 and replay.json() == first.json()
+        assert replay.headers["idempotent-replayed"] == "true"
+        reused = await c.post("/queues/billing-eu:limit", json={"concurrency": 5}, headers={"Idempotency-Key": "ql-1"})
+        assert_problem(reused, 422, "IDEMPOTENCY_KEY_REUSED")
+        assert queue_limits(api.dsn, "billing-eu") == (4, None, 50, 1.0)
+        per_key = await c.post("/queues/billing-eu:limit", json={"concurrency_per_key": 2})  # the rest is kept
+        assert per_key.json()["limits"] == {"concurrency": 4, "concurrency_per_key": 2, "rate_limit": 50,
+                                            "rate_period": 1.0}
+        listed = {q["name"]: q for q in (await c.get("/queues")).json()["queues"]}
+        assert listed["billing-eu"]["limits"] == per_key.json()["limits"]
+        removed = await c.post("/queues/billing-eu:limit", json={"concurrency": None, "rate_limit": None})
+        assert removed.json()["limits"] == {"concurrency": None, "concurrency_per_key": 2, "rate_limit": None,
+                                            "rate_period": None}
+        assert_problem(await c.post("/queues/default:limit", json={"concurrency": 1}), 403, "PERMISSION_DENIED")
+    async with api.client("reader") as c:
+        assert_problem(await c.post("/queues/billing-eu:limit", json={"concurrency": 1}), 403, "PERMISSION_DENIED")
+    assert queue_limits(api.dsn, "billing-eu") == (None, 2, None, None) and queue_limits(api.dsn, "default") is None
+    audits = query(api.dsn, "SELECT principal, action, outcome, queue, reason, request_id, detail"
+                            " FROM taskq.operator_audit ORDER BY id")
+    assert [a[:6] for a in audits] == [
+        ("billing-ops", "queues:limit", "limited", "billing-eu", "provider quota", "req-ql-1"),
+        ("billing-ops", "queues:limit", "limited", "billing-eu", None, audits[1][5]),
+        ("billing-ops", "queues:limit", "limited", "billing-eu", None, audits[2][5])]
+    assert audits[0][6] == {"change": {"concurrency": 4, "rate_limit": 50, "rate_period": 1}}
+    assert audits[2][6] == {"change": {"concurrency": None, "rate_limit": None}}
+    events = query(api.dsn, "SELECT kind, done_by, reason, detail FROM taskq.queue_events WHERE queue = 'billing-eu'"
+                            " ORDER BY id")
+    assert [e[:3] for e in events] == [("limits", "billing-ops", "provider quota"), ("limits", "billing-ops", None),
+                                       ("limits", "billing-ops", None)]
+    assert events[0][3] == {"concurrency": 4, "concurrency_per_key": None, "rate_limit": 50, "rate_period": 1.0}
+
+
 # -- bad input -----------------------------------------------------------------------------------------
 
 BAD_REQUESTS: list[tuple[str, str, str, dict[str, Any], int, str]] = [
@@ -499,6 +549,32 @@ BAD_REQUESTS: list[tuple[str, str, str, dict[str, Any], int, str]] = [
     ("queue pause reason not text", "POST", "/queues/default:resume", {"json": {"reason": 5}}, 400,
      "INVALID_ARGUMENT"),
     ("queue NUL name", "POST", "/queues/a%00b:pause", {}, 400, "INVALID_ARGUMENT"),
+    ("limit with nothing to set", "POST", "/queues/default:limit", {"headers": {"Idempotency-Key": "l-0"}}, 400,
+     "INVALID_ARGUMENT"),
+    ("limit of zero", "POST", "/queues/default:limit", {"json": {"concurrency": 0}}, 400, "INVALID_ARGUMENT"),
+    ("limit negative per key", "POST", "/queues/default:limit", {"json": {"concurrency_per_key": -2}}, 400,
+     "INVALID_ARGUMENT"),
+    ("limit not whole", "POST", "/queues/default:limit", {"json": {"concurrency": 2.5},
+                                                            "headers": {"Idempotency-Key": "l-1"}}, 400,
+     "INVALID_ARGUMENT"),
+    ("limit as text", "POST", "/queues/default:limit", {"json": {"concurrency": "3"}}, 400, "INVALID_ARGUMENT"),
+    ("limit as bool", "POST", "/queues/default:limit", {"json": {"concurrency": True}}, 400, "INVALID_ARGUMENT"),
+    ("limit too big", "POST", "/queues/default:limit", {"json": {"concurrency": 2**31}}, 400, "INVALID_ARGUMENT"),
+    ("rate without period", "POST", "/queues/default:limit", {"json": {"rate_limit": 5},
+                                                                "headers": {"Idempotency-Key": "l-2"}}, 400,
+     "INVALID_ARGUMENT"),
+    ("period without rate", "POST", "/queues/default:limit", {"json": {"rate_period": 1.0}}, 400,
+     "INVALID_ARGUMENT"),
+    ("negative period", "POST", "/queues/default:limit", {"json": {"rate_limit": 5, "rate_period": -1}}, 400,
+     "INVALID_ARGUMENT"),
+    ("NaN period", "POST", "/queues/default:limit", {"content": b'{"rate_limit": 5, "rate_period": NaN}'}, 400,
+     "INVALID_ARGUMENT"),
+    ("period over a year", "POST", "/queues/default:limit", {"json": {"rate_limit": 5, "rate_period": 4e7}}, 400,
+     "INVALID_ARGUMENT"),
+    ("limit unknown field", "POST", "/queues/default:limit", {"json": {"concurrency": 2, "burst": 3}}, 400,
+     "INVALID_ARGUMENT"),
+    ("limit NUL reason", "POST", "/queues/default:limit", {"json": {"concurrency": 2, "reason": "a\u0000"}}, 400,
+     "INVALID_ARGUMENT"),
 ]
 
 

@@ -83,6 +83,11 @@ def click(element: Any) -> bool:
     return True
 
 
+def type_into(element: Any, text: str) -> bool:
+    element.send_keys(text)
+    return True
+
+
 def waiting(driver: WebDriver, timeout: float) -> WebDriverWait[WebDriver]:
     """A wait that reads again when the page's polling swapped the element out between finding it and
     reading it (a stale element reference is a moment of the live page, not a failure)."""
@@ -149,8 +154,9 @@ def test_dashboard_in_a_real_browser(
         wait_css(b, "#cancel")
         assert str(follower) in b.find_element(By.ID, "children").text
         shots(b, "job")
-        b.find_element(By.ID, "cancel-reason").send_keys("demo cancel")
-        b.find_element(By.ID, "cancel").click()
+        # the form is in the page's live region (polled every 0.5 s): find and act again if it was swapped
+        waiting(b, 20).until(lambda d: type_into(d.find_element(By.ID, "cancel-reason"), "demo cancel"))
+        waiting(b, 20).until(lambda d: click(d.find_element(By.ID, "cancel")))
         assert "202" in wait_css(b, "#message").text
         b.execute_script("window.__same_page = 'yes';")
         waiting(b, 30).until(lambda d: d.find_element(By.ID, "status").text == "cancelled")
@@ -164,7 +170,7 @@ def test_dashboard_in_a_real_browser(
 
         # a cancel the actor ignores stays in phase 1 with its grace clock running
         b.get(web.url + f"/jobs/{stubborn}")
-        wait_css(b, "#cancel").click()
+        waiting(b, 20).until(lambda d: click(d.find_element(By.ID, "cancel")))
         wait_css(b, "#message")
         b.get(web.url + "/cancellations")
         waiting(b, 20).until(lambda d: str(stubborn) in d.find_element(By.CSS_SELECTOR, "table.phase-1").text)
@@ -176,7 +182,7 @@ def test_dashboard_in_a_real_browser(
 
         # pause a schedule
         b.get(web.url + "/schedules")
-        wait_css(b, "button.sched-pause").click()
+        waiting(b, 20).until(lambda d: click(d.find_element(By.CSS_SELECTOR, "button.sched-pause")))
         waiting(b, 20).until(lambda d: "paused" in d.find_element(By.CSS_SELECTOR, "td.state").text)
         assert query(dsn, "SELECT paused_by FROM taskq.schedules")[0][0] == "operator"
         shots(b, "schedules")
@@ -194,6 +200,23 @@ def test_dashboard_in_a_real_browser(
             ("paused", "operator")]
         shots(b, "overview-paused")
 
+        # limit the queue from its row's edit link: a form, a confirmation, then the overview shows it
+        waiting(b, 20).until(lambda d: click(d.find_element(By.XPATH, row + "//a[contains(@class, 'queue-limits')]")))
+        wait_css(b, "#limit-form")
+        b.find_element(By.ID, "concurrency").send_keys("2")
+        b.find_element(By.ID, "rate_limit").send_keys("30")
+        b.find_element(By.ID, "rate_period").send_keys("60")
+        b.find_element(By.ID, "limit-preview").click()
+        assert "concurrency" in wait_css(b, "#limit-change").text
+        assert query(dsn, "SELECT concurrency_limit FROM taskq.queues WHERE name = 'billing-eu'") == [(None,)]
+        shots(b, "queue-limit-confirm")
+        b.find_element(By.ID, "confirm").click()
+        waiting(b, 20).until(
+            lambda d: "concurrency 2, 30 per 60s" in d.find_element(By.XPATH, row + "/td[contains(@class, 'limits')]"
+                                                                    ).text)
+        assert query(dsn, "SELECT concurrency_limit, rate_limit, rate_period FROM taskq.queues"
+                          " WHERE name = 'billing-eu'") == [(2, 30, 60.0)]
+
         # bulk cancel by filter, behind a confirmation
         b.get(web.url + "/jobs?queue=billing-eu")
         wait_css(b, "#bulk-cancel").click()
@@ -203,6 +226,8 @@ def test_dashboard_in_a_real_browser(
         assert "cancel: 4 of 4 matched" in wait_css(b, "#message").text
         assert query(dsn, "SELECT count(*) FROM taskq.jobs WHERE queue = 'billing-eu' AND status = 'cancelled'"
                      )[0][0] == 4
-        assert query(dsn, "SELECT count(*) FROM taskq.operator_audit WHERE principal = 'operator'")[0][0] == 8
+        assert query(dsn, "SELECT action, count(*) FROM taskq.operator_audit WHERE principal = 'operator'"
+                          " GROUP BY action ORDER BY action") == [
+            ("jobs:cancel", 6), ("queues:limit", 1), ("queues:pause", 1), ("schedules:pause", 1)]
     finally:
         web.stop()
