@@ -5,7 +5,7 @@
 -- here). No row: unknown queue. `changed` false: it already was so. A change leaves a queue_events row
 -- with who and why and sends a NOTIFY on taskq_queues (the queue's name) in the same transaction. The
 -- claim statements read the row themselves, so a worker that misses the NOTIFY still obeys.
--- It takes the queue's claim lock (sql/0011_queue_limits.sql) first: it waits for the limited claim in
+-- It takes the queue's claim lock (sql/0012_queue_limits.sql) first: it waits for the limited claim in
 -- progress, and the claims after it wait for its commit and see it.
 WITH lock AS MATERIALIZED (
     SELECT pg_advisory_xact_lock(7461733, taskq.claim_scope_key('queue:' || %(name)s::text)) AS l

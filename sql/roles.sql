@@ -65,7 +65,7 @@ GRANT SELECT ON taskq.schema_migrations TO :"worker_role";
 GRANT SELECT, INSERT, UPDATE ON taskq.schedules TO :"worker_role";
 -- queue control: a worker registers its queues (their rows, first use), writes its code's actor limits,
 -- and logs and trims the starts of rate-limited scopes. Its limited claims lock their scopes with advisory
--- locks (sql/0011_queue_limits.sql), which need no privilege on the tables.
+-- locks (sql/0012_queue_limits.sql), which need no privilege on the tables.
 GRANT SELECT, INSERT (name) ON taskq.queues TO :"worker_role";
 GRANT SELECT, INSERT, UPDATE, DELETE ON taskq.actor_limits TO :"worker_role";
 GRANT SELECT, INSERT, DELETE ON taskq.rate_starts TO :"worker_role";

@@ -98,7 +98,7 @@ FROM claimed
 ORDER BY priority, id;
 
 -- name: job_claim_limited
--- The limited claim (sql/0011_queue_limits.sql): one statement, in autocommit. The function locks the
+-- The limited claim (sql/0012_queue_limits.sql): one statement, in autocommit. The function locks the
 -- scopes (our queues, every limited actor: advisory locks, in key order), then counts and claims in its
 -- next statement, whose snapshot is taken with the locks held, so the counts include every earlier
 -- claimer's commit. Claims up to %(limit)s jobs of the work job_claim leaves (our unpaused limited queues,

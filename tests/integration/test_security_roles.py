@@ -193,7 +193,7 @@ async def test_client_role_enqueues_cancels_and_reads(roles: Roles) -> None:
 
 async def test_limited_claims_and_queue_control_under_the_roles(roles: Roles, dsn: str) -> None:
     """The client role limits and pauses a queue (under the queue's claim lock), the worker role drains
-    it with the limited claims (the functions of sql/0011_queue_limits.sql and their advisory locks)."""
+    it with the limited claims (the functions of sql/0012_queue_limits.sql and their advisory locks)."""
     async with await JobsClient.connect(roles.client_dsn, registry=registry) as client:
         await client.set_queue_limits("default", concurrency=2, reason="roles")
         handles = [await client.enqueue(echo, Msg(text=str(i)), concurrency_key=f"k{i % 2}") for i in range(6)]

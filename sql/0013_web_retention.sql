@@ -1,4 +1,4 @@
--- taskq schema, version 11: retention of the web API's idempotency receipts and operator audit rows
+-- taskq schema, version 13: retention of the web API's idempotency receipts and operator audit rows
 -- (issue 20). The indexes they are pruned by exist since migration 7 (operator_requests_created_idx,
 -- operator_audit_at_idx); this adds the two delete halves of their prune batches.
 
