@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql as pgsql
 from _common import (
     DSN_HELP,
     RESULTS_DIR,
@@ -49,6 +48,7 @@ from _common import (
     write_report,
 )
 from apps import NOOP
+from psycopg import sql as pgsql
 
 from taskq import JobsClient, sql
 

@@ -31,10 +31,10 @@ from taskq.worker.heartbeat import Heartbeat
 from taskq.worker.pruner import Pruner
 from taskq.worker.queue_control import QueueControl
 from taskq.worker.registry import ActiveJob, ActiveJobRegistry
+from taskq.worker.resolver import Resolver
 from taskq.worker.schedule_store import ScheduleStore
 from taskq.worker.scheduler import Scheduler
 from taskq.worker.store import ClaimedJob, WorkerStore
-from taskq.worker.resolver import Resolver
 from taskq.worker.sweeper import Sweeper
 
 log = logging.getLogger("taskq.worker")

@@ -1,9 +1,10 @@
 """The resolver: settles the dependency backlog, the edges a parent's terminal transaction left beyond its
-chunk (migration 11). Runs on every worker, beside the sweeper: woken by NOTIFY taskq_settle (the listener)
-and polling every `poll_interval` besides, and once at start, so a backlog left by a crash, or written
-while no worker ran, is taken up by the next worker. Each step settles one backlog slice (at most one chunk
-of edges) in one transaction; SKIP LOCKED on the slices keeps concurrent steps apart, and a step killed
-midway rolls back and leaves its slice to the next one."""
+chunk (migration 11). Runs on every worker, beside the sweeper: woken by NOTIFY taskq_settle (the
+listener), polling every `sweep_interval` besides (`poll_interval` without a LISTEN connection), and once
+at start, so a backlog left by a crash, or written while no worker ran, is taken up by the next worker.
+Each step settles one backlog slice (at most one chunk of edges) in one transaction; SKIP LOCKED on the
+slices keeps concurrent steps apart, and a step killed midway rolls back and leaves its slice to the next
+one. An empty backlog costs one short statement per wake."""
 
 from __future__ import annotations
 
@@ -30,7 +31,10 @@ class Resolver:
         self.wake = asyncio.Event()
 
     async def run(self) -> None:
-        interval = self.w.settings.poll_interval
+        s = self.w.settings
+        # the NOTIFY wakes it at once; the poll only catches a backlog left by a crash, so it is as slow as
+        # the sweeper's unless no LISTEN connection is there to wake it
+        interval = s.sweep_interval if s.listens() else s.poll_interval
         while True:
             self.wake.clear()
             try:
@@ -44,7 +48,9 @@ class Resolver:
 
     async def resolve_once(self) -> int:
         """Steps until the backlog is empty (or held by other resolvers); returns the steps that took rows."""
-        steps = sum(await asyncio.gather(*(self._steps() for _ in range(STEPS_AT_ONCE))))
+        if not await self.w.store.settle_backlog(slices=SLICES_PER_STEP):
+            return 0  # the usual case: one short statement on one connection
+        steps = 1 + sum(await asyncio.gather(*(self._steps() for _ in range(STEPS_AT_ONCE))))
         if steps:
             log.debug("resolver: %d steps", steps)
         return steps
