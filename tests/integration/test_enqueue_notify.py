@@ -4,6 +4,7 @@ missing after the last job, and in the caller's own transaction only when that t
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -139,6 +140,37 @@ async def test_a_sync_client_burst_notifies_at_once_and_after_its_last_commit(ds
     await notes.mark(dsn, "after")
     assert notes.before("after") == 2, f"{notes.before('after')} NOTIFYs for 20 jobs"
     assert notes.at[1] >= last_commit, "the trailing NOTIFY came before the burst's last commit"
+
+
+def _child_burst(client: SyncJobsClient) -> None:
+    client.enqueue("tests.notify.job", 10)  # the child's first of its window: at once
+    client.enqueue("tests.notify.job", 11)  # within it: the child's own trailing NOTIFY, sent at its close
+    client.close()
+
+
+async def test_a_forked_child_of_a_sync_client_sends_its_own_notifies(dsn: str, notes: Notes) -> None:
+    """The parent has a trailing NOTIFY pending when it forks; the child's burst must not count on it (the
+    parent's thread does not exist in the child): 2 NOTIFYs from each process."""
+    def run() -> int | None:
+        with SyncJobsClient.connect(dsn) as client:
+            client.backend.notifier.window = 30.0
+            client.enqueue("tests.notify.job", 0)
+            client.enqueue("tests.notify.job", 1)  # pending in the parent until its close
+            pid = os.fork()
+            if pid == 0:  # the child: no pytest machinery after this, only an exit status
+                code = 1
+                try:
+                    _child_burst(client)
+                    code = 0
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            return os.waitstatus_to_exitcode(status)
+
+    assert await asyncio.to_thread(run) == 0
+    await wait_for(lambda: len(notes.at) >= 4, timeout=10)
+    await notes.mark(dsn, "after")
+    assert notes.before("after") == 4
 
 
 async def test_the_callers_transaction_notifies_when_it_commits_and_not_before(
