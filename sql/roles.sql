@@ -38,10 +38,10 @@ GRANT INSERT (id, actor, queue, payload, status, priority, tags, max_attempts, s
               cancel_requested_at, cancel_reason, error_class, error_message, finished_at)
     ON taskq.jobs TO :"worker_role";
 -- max_attempts and snooze_count: a snooze gives its attempt back; idempotent: set before the first run of
--- a non-idempotent actor enqueued by name
+-- a non-idempotent actor enqueued by name; trace_context: a traced retry writes its first attempt's span
 GRANT UPDATE (status, attempt, claim_epoch, worker_id, lock_expires_at, started_at, finished_at,
               scheduled_at, cancel_phase, result, error_class, error_message, interrupt_count, progress,
-              max_attempts, snooze_count, idempotent, revision, has_dependents)
+              max_attempts, snooze_count, idempotent, revision, has_dependents, trace_context)
     ON taskq.jobs TO :"worker_role";
 GRANT SELECT, INSERT ON taskq.job_events TO :"worker_role";
 -- child jobs with depends_on (ctx.jobs.enqueue): their edges; the cascade that resolves them runs as the
