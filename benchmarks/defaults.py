@@ -4,12 +4,14 @@ side with an older taskq checkout and with PgQueuer at its defaults, on the same
     python benchmarks/defaults.py [--dsn DSN] [--jobs 50000] [--rounds 3] [--workers 1,2]
                                   [--systems taskq,baseline,pgqueuer] [--cases defaults,wide]
                                   [--baseline-root DIR] [--baseline-venv DIR] [--pgqueuer-venv DIR]
+                                  [--checkout NAME=ROOT:VENV ...]
                                   [--memory] [--latency-rounds 3] [--json out.json]
 
 Systems (each in a database of its own on the one server; its own virtualenv and working directory):
 - `taskq`: this checkout, `<this venv>/bin/taskq worker benchmarks.apps:actors`;
 - `baseline`: another checkout (`--baseline-root`, with `--baseline-venv`), started the same way:
   the before of a before/after comparison;
+- any `--checkout NAME=ROOT:VENV`: one more checkout, as `baseline` (several, for a bisect in one run);
 - `pgqueuer`: PgQueuer in its own virtualenv (`--pgqueuer-venv`; `pip install pgqueuer asyncpg`),
   `benchmarks/pgqueuer_app.py worker`: one asyncpg connection, every option at its default.
 
@@ -354,6 +356,8 @@ def main() -> None:
     parser.add_argument("--baseline-root", type=Path, default=Path("/work/wt-perf-baseline"))
     parser.add_argument("--baseline-venv", type=Path, default=Path("/work/venv-perf-baseline"))
     parser.add_argument("--pgqueuer-venv", type=Path, default=Path("/work/venv-pgqueuer"))
+    parser.add_argument("--checkout", action="append", default=[], metavar="NAME=ROOT:VENV",
+                        help="one more taskq checkout, named NAME in --systems (repeatable; for a bisect)")
     parser.add_argument("--timeout", type=float, default=300.0, help="give up on a drain after this long")
     parser.add_argument("--memory", action="store_true", help="RSS with 1,000 jobs held, per taskq system")
     parser.add_argument("--latency-rounds", type=int, default=0, help="latency.py runs per taskq system")
@@ -366,6 +370,15 @@ def main() -> None:
         "baseline": System("baseline", "taskq", args.baseline_root, args.baseline_venv),
         "pgqueuer": System("pgqueuer", "pgqueuer", REPO_ROOT, args.pgqueuer_venv),
     }
+    for spec in args.checkout:
+        name, sep, where = spec.partition("=")
+        root, sep2, venv = where.partition(":")
+        if not (sep and sep2 and name and root and venv) or name in known:
+            parser.error(f"--checkout {spec!r}: expected a new NAME=ROOT:VENV")
+        known[name] = System(name, "taskq", Path(root), Path(venv))
+    unknown = [name for name in args.systems.split(",") if name not in known]
+    if unknown:
+        parser.error(f"--systems: unknown {', '.join(unknown)} (known: {', '.join(known)})")
     systems = [known[name] for name in args.systems.split(",")]
     counts = [int(w) for w in args.workers.split(",")]
     variants = [(s, case, w) for case in args.cases.split(",") for s in systems for w in counts
