@@ -119,6 +119,7 @@ def produce(dsn: str, name: str, start_at: float, seconds: float, out: Any, stop
 def setup_notifier(notifier: Any, mode: str) -> None:
     if mode.endswith("no NOTIFY"):  # the floor: no insert notifies, and none is sent after
         notifier.inline = lambda queue: False
+        notifier.quiet = lambda queue: False  # (an older taskq has no quiet: harmless)
         notifier.send_now = lambda queue: False  # (an older taskq has no send_now: harmless)
         notifier.after_commit = lambda queue: None
     elif mode.endswith("in the insert"):

@@ -442,6 +442,7 @@ class Backend:
             # getconn/putconn rather than pool.connection(): its `async with conn` issues a no-op
             # commit whose Python overhead is a tenth of a single enqueue (the pool is autocommit)
             params = job.params()
+            notify = notify or self.notifier.quiet(job.options.queue)
             params["notify"] = notify
             pconn = await self.pool.getconn()
             try:
@@ -484,6 +485,7 @@ class Backend:
                     await cur.execute(sql.query("job_insert_many"), batch.params())
         else:
             params = batch.params()
+            notify = notify or self.notifier.quiet(batch.options.queue)
             params["notify"] = notify
             pconn = await self.pool.getconn()  # see job_insert
             try:

@@ -7,7 +7,10 @@ flush of every notifying enqueue queued behind the flush of the one before (benc
 producers, the enqueues waiting on `Lock:object`). So an enqueue through the client's own pool writes
 no NOTIFY: once its insert has committed, the client sends one in a transaction of its own that writes
 nothing else, so PostgreSQL does not flush WAL for it and holds the notify lock only for an instant.
-That NOTIFY goes at once, on the insert's own connection before the enqueue returns, when none of that
+At light load (no job of that queue went in from this process in the last `window`) the insert
+carries the NOTIFY itself after all: there is no convoy to avoid, and PostgreSQL delivers it with the
+commit, one statement sooner (enqueue -> start is then what it was before coalescing). Otherwise that
+NOTIFY goes at once, on the insert's own connection before the enqueue returns, when none of that
 queue was sent in the last `window`; within the window one trailing NOTIFY goes when it ends (a task of
 the event loop sends it on a pooled connection; the enqueue does not wait for it), and covers every job
 committed before it is sent. So a worker hears of a job at most one window plus a round trip after its
@@ -40,6 +43,22 @@ this much. Below the 20 ms between jobs at 50 jobs/s, the light load at which en
 is measured, so there every job gets its own NOTIFY at once."""
 
 
+def quiet_insert(seen: dict[str, float], last: dict[str, float], queue: str, window: float, pending: bool) -> bool:
+    """The light-load rule both notifiers share (this module's and the sync client's, which calls it under
+    its lock): True when this process inserted no job of `queue` in the last `window` and no NOTIFY of it
+    is waiting (`pending`) or went in the last window. Then the insert notifies in its own transaction:
+    PostgreSQL delivers the NOTIFY with the insert's commit, with no second statement, so enqueue -> start
+    at light load is what it was before coalescing; and a window starts. A busy queue's inserts (another
+    within the window) never notify in their transaction: notifying commits stay few. Records the insert."""
+    now = time.monotonic()
+    before = seen.get(queue, -window)
+    seen[queue] = now
+    if pending or now - before < window or now - last.get(queue, -window) < window:
+        return False
+    last[queue] = now
+    return True
+
+
 class _Trailing:
     __slots__ = ("sending", "task")
 
@@ -57,12 +76,18 @@ class EnqueueNotifier:
         self.in_transaction = False
         """True: every insert notifies in its own transaction (as taskq did before; for comparisons)."""
         self._last: dict[str, float] = {}
+        self._seen: dict[str, float] = {}  # queue -> when this process last inserted one of its jobs
         self._trailing: dict[str, _Trailing] = {}
 
     def inline(self, queue: str) -> bool:
         """True: this insert notifies in its own transaction. False: call `after_commit(queue)` once it
         has committed."""
         return self.in_transaction
+
+    def quiet(self, queue: str) -> bool:
+        """True: this insert carries its own NOTIFY (see `quiet_insert`); call before the insert."""
+        return not self.in_transaction and quiet_insert(self._seen, self._last, queue, self.window,
+                                                        queue in self._trailing)
 
     def send_now(self, queue: str) -> bool:
         """True: no NOTIFY of `queue` went in the last window and none is waiting, so the caller sends one

@@ -186,6 +186,7 @@ class SyncBackend:
                     written = cur.fetchone()
         else:
             params = job.params()
+            notify = notify or self.notifier.quiet(job.options.queue)
             params["notify"] = notify
             pconn = self.pool.getconn()
             try:
@@ -230,6 +231,7 @@ class SyncBackend:
                     cur.execute(sql.query("job_insert_many"), batch.params())
         else:
             params = batch.params()
+            notify = notify or self.notifier.quiet(batch.options.queue)
             params["notify"] = notify
             pconn = self.pool.getconn()
             try:

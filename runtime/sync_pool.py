@@ -24,7 +24,7 @@ from psycopg import Connection
 from psycopg_pool import ConnectionPool, PoolClosed
 
 from taskq import sql
-from taskq.backend_notify import NOTIFY_WINDOW
+from taskq.backend_notify import NOTIFY_WINDOW, quiet_insert
 
 CT = TypeVar("CT", bound=Connection[Any])
 
@@ -122,11 +122,20 @@ class SyncNotifier:
         self._cond = threading.Condition()
         self._due: dict[str, float] = {}  # queue -> monotonic time its NOTIFY may go
         self._last: dict[str, float] = {}  # queue -> when its last NOTIFY went
+        self._seen: dict[str, float] = {}  # queue -> when this process last inserted one of its jobs
         self._thread: threading.Thread | None = None
         self._closed = False
 
     def inline(self, queue: str) -> bool:
         return self.in_transaction
+
+    def quiet(self, queue: str) -> bool:
+        """EnqueueNotifier.quiet: True when this insert carries its own NOTIFY (backend_notify.quiet_insert)."""
+        if self.in_transaction:
+            return False
+        self._check_pid()
+        with self._cond:
+            return not self._closed and quiet_insert(self._seen, self._last, queue, self.window, queue in self._due)
 
     def send_now(self, queue: str) -> bool:
         """EnqueueNotifier.send_now: True when the caller sends the NOTIFY itself, now, with `send_on`."""

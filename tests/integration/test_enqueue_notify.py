@@ -72,32 +72,45 @@ async def test_one_enqueue_many_is_followed_by_its_notify(client: JobsClient, no
     await wait_for(lambda: len(notes.at) == 1, timeout=5)
 
 
-async def test_the_insert_itself_does_not_notify(dsn: str, client: JobsClient, notes: Notes) -> None:
-    """The NOTIFY is a transaction of its own after the insert's commit (so PostgreSQL's notify lock is not
-    held through the insert's WAL flush): with the sender held back, the job is committed and visible,
-    and no notification has come; once the sender runs, one comes."""
-    gate = asyncio.Event()
-    notifier = client.backend.notifier
-    send_on = notifier.send_on
-
-    async def held(conn: Any, queue: str) -> None:
-        await gate.wait()
-        await send_on(conn, queue)
-
-    notifier.send_on = held  # type: ignore[method-assign]
-    enqueue = asyncio.get_running_loop().create_task(client.enqueue("tests.notify.job", 0))
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        async def committed() -> bool:
-            cur = await conn.execute("SELECT count(*) FROM taskq.jobs WHERE status = 'pending'")
-            row = await cur.fetchone()
-            return row is not None and row[0] == 1
-
-        await wait_for(committed, timeout=5)
-    await notes.mark(dsn, "committed")
-    assert notes.before("committed") == 0, "the insert's own transaction notified"
-    gate.set()
-    await enqueue
+async def test_a_busy_queues_insert_does_not_notify_in_its_own_transaction(
+    dsn: str, client: JobsClient, notes: Notes
+) -> None:
+    """Under load the NOTIFY is a transaction of its own after the insert's commit (so PostgreSQL's notify
+    lock is not held through the insert's WAL flush): the second job within the window is committed and
+    visible, its enqueue has returned, and no notification of it has come; the trailing one follows."""
+    client.backend.notifier.window = 3.0  # longer than the two enqueues take even on a loaded machine
+    await client.enqueue("tests.notify.job", 0)  # a quiet queue: its insert notifies (the test below)
     await wait_for(lambda: len(notes.at) == 1, timeout=5)
+    await client.enqueue("tests.notify.job", 1)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute("SELECT count(*) FROM taskq.jobs WHERE status = 'pending'")
+        assert await cur.fetchone() == (2,)
+    await notes.mark(dsn, "committed")
+    assert notes.before("committed") == 1, "the busy queue's insert notified in its own transaction"
+    await wait_for(lambda: len(notes.at) == 2, timeout=10)
+
+
+async def test_a_quiet_queues_insert_carries_its_notify_with_no_second_statement(
+    client: JobsClient, notes: Notes
+) -> None:
+    """At light load (no job of the queue from this process within the window) the insert notifies in its
+    own transaction, delivered with its commit: neither the NOTIFY after the commit nor the trailing one
+    is sent (both would cost the light-load enqueue -> start a statement)."""
+    notifier = client.backend.notifier
+
+    async def second_statement(conn: Any, queue: str) -> None:
+        raise AssertionError("a quiet queue's NOTIFY went as a statement after the insert")
+
+    def trailing(queue: str) -> None:
+        raise AssertionError("a quiet queue's NOTIFY was left to the trailing sender")
+
+    notifier.send_on = second_statement  # type: ignore[method-assign]
+    notifier.after_commit = trailing  # type: ignore[method-assign]
+    await client.enqueue("tests.notify.job", 0)
+    await wait_for(lambda: len(notes.at) == 1, timeout=5)
+    notifier.window = 0.0  # the next one is quiet again at once
+    await client.enqueue_many("tests.notify.job", [1, 2, 3])
+    await wait_for(lambda: len(notes.at) == 2, timeout=5)
 
 
 def _sync_notifications(dsn: str, enqueue: Any) -> list[str]:
