@@ -147,12 +147,12 @@ class Supervisor:
             fds.append(notify_fd)
         return [fd for fd in fds if fd >= 0]
 
-    def _child_setup(self, keep: list[int]) -> None:
+    def _child_setup(self, keep: list[int], worker: bool = False) -> None:
         """Fork hygiene for any child of ours (worker or HTTP helper)."""
         # sockets are closed through their objects (detach), so nothing closes their numbers twice
         owned = {self.notifier.fileno(), self.helper.sock.fileno() if self.helper is not None else None}
         child_hygiene(parent_pid=self.pid, close_fds=[fd for fd in self._parent_fds() if fd not in owned],
-                      keep_fds=keep)
+                      keep_fds=keep, hold_stop_signals=worker)
         self.notifier.detach_in_child()
         if self.helper is not None and self.helper.sock.fileno() not in keep:
             os.close(self.helper.sock.detach())
@@ -189,7 +189,7 @@ class Supervisor:
         if pid == 0:
             code = exitcodes.ERROR
             try:
-                self._child_setup(keep=[write_fd])
+                self._child_setup(keep=[write_fd], worker=True)
                 os.close(read_fd)
                 worker_id = self._worker_id(os.getpid(), token, number)
                 settings = self.settings.model_copy(update={"worker_id": worker_id})

@@ -50,13 +50,21 @@ def set_parent_death_signal(sig: int, expected_parent: int) -> None:
         os._exit(exitcodes.OK)
 
 
-def child_hygiene(*, parent_pid: int, close_fds: Iterable[int], keep_fds: Iterable[int]) -> None:
-    """Everything a freshly forked child of the supervisor does before running anything else."""
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+"""What a worker child keeps blocked until its event loop handles them (taskq.worker.main.install_signal_handlers
+unblocks them): a stop that arrives while the child is still starting (a rolling restart's new worker
+stopped at once, say) waits for the handler, and is a clean stop, not a death by SIGTERM's default action."""
+
+
+def child_hygiene(*, parent_pid: int, close_fds: Iterable[int], keep_fds: Iterable[int],
+                  hold_stop_signals: bool = False) -> None:
+    """Everything a freshly forked child of the supervisor does before running anything else.
+    `hold_stop_signals`: a worker child, which unblocks STOP_SIGNALS once it handles them."""
     set_parent_death_signal(signal.SIGTERM, parent_pid)
     signal.set_wakeup_fd(-1)
     for sig in HANDLED_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    signal.pthread_sigmask(signal.SIG_SETMASK, STOP_SIGNALS if hold_stop_signals else set())
     keep = set(keep_fds)
     for fd in close_fds:
         if fd not in keep and fd > 2:

@@ -487,9 +487,12 @@ async def settle(tasks: Iterable[asyncio.Task[Any]], budget: float) -> None:
 
 
 def install_signal_handlers(worker: Worker, loop: asyncio.AbstractEventLoop) -> None:
-    """SIGTERM/SIGINT only set the worker's shutdown event; the loop does the work."""
+    """SIGTERM/SIGINT only set the worker's shutdown event; the loop does the work. A supervisor's worker
+    child was forked with both blocked (taskq.supervisor.spawn.STOP_SIGNALS); they are unblocked now that
+    they are handled, and one that came while the worker started is delivered here."""
     loop.add_signal_handler(signal.SIGTERM, worker.request_shutdown)
     loop.add_signal_handler(signal.SIGINT, worker.on_sigint)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
 
 
 async def worker_main_async(

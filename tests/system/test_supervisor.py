@@ -295,6 +295,38 @@ def test_without_preload_an_unimportable_app_fails_in_the_workers_and_stops_the_
     assert "cannot import 'no_such_module_anywhere'" in sup.log()
 
 
+def _pending_signals(pid: int) -> int:
+    """The process-wide pending signals of `pid` (ShdPnd of /proc/PID/status), as a bit mask."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        raise AssertionError(f"worker {pid} is gone: the stop killed it before it handled signals") from None
+    for line in status.splitlines():
+        if line.startswith("ShdPnd:"):
+            return int(line.split()[1], 16)
+    return 0
+
+
+def test_a_worker_stopped_while_it_starts_stops_cleanly_once_it_handles_the_signal(
+    start_supervisor: Any, tmp_path: Path
+) -> None:
+    """A SIGTERM that reaches a worker child before its event loop handles it (here the child is held in
+    its APP import, with --no-preload; in the chaos run, a rolling restart's new worker stopped at once)
+    waits, blocked, until the handler exists: the worker stops cleanly and the supervisor exits 0. Before,
+    SIGTERM's default action killed the child, and the supervisor exited 1 for it."""
+    gate, importing = tmp_path / "gate", tmp_path / "importing"
+    sup = start_supervisor("taskq_gated_app:actors", workers=1, flags=("--no-preload",),
+                           env={"TASKQ_TEST_GATE": str(gate), "TASKQ_TEST_IMPORTING": str(importing)})
+    wait_until(importing.exists)
+    (pid,) = wait_until(sup.workers)
+    sup.signal(signal.SIGTERM)
+    # the supervisor passes the stop on; the child holds it pending (bit 15 - 1: SIGTERM)
+    wait_until(lambda: _pending_signals(pid) & (1 << (signal.SIGTERM - 1)), timeout=10)
+    gate.write_text("go")
+    assert sup.wait(30) == exitcodes.OK, sup.log()
+    assert "killed by" not in sup.log(), sup.log()
+
+
 def test_workers_failing_at_boot_stop_the_supervisor_without_a_restart_loop(start_supervisor: Any) -> None:
     sup = start_supervisor(env={"TASKQ_DSN": "host=/nonexistent-taskq-dir port=1 dbname=x user=postgres"})
     assert sup.wait(20) == exitcodes.DATABASE_UNAVAILABLE
