@@ -24,7 +24,7 @@ from typing import Any
 from taskq.supervisor.proctitle import set_title, worker_title
 from taskq.supervisor.sdnotify import CHILD_ENV_SCRUB
 from taskq.worker import exitcodes
-from taskq.worker.liveness import ENV_FD
+from taskq.worker.liveness import ENV_FD, STOP_SIGNALS
 
 log = logging.getLogger("taskq.supervisor")
 
@@ -48,12 +48,6 @@ def set_parent_death_signal(sig: int, expected_parent: int) -> None:
             log.warning("prctl(PR_SET_PDEATHSIG) unavailable: %s", exc)
     if os.getppid() != expected_parent:
         os._exit(exitcodes.OK)
-
-
-STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
-"""What a worker child keeps blocked until its event loop handles them (taskq.worker.main.install_signal_handlers
-unblocks them): a stop that arrives while the child is still starting (a rolling restart's new worker
-stopped at once, say) waits for the handler, and is a clean stop, not a death by SIGTERM's default action."""
 
 
 def child_hygiene(*, parent_pid: int, close_fds: Iterable[int], keep_fds: Iterable[int],

@@ -9,10 +9,17 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from taskq.worker.main import Worker
+
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+"""What a supervisor's worker child keeps blocked from the fork (taskq.supervisor.spawn.child_hygiene) until
+its event loop handles them (taskq.worker.main.install_signal_handlers unblocks them): a stop that arrives
+while the child is still starting (a rolling restart's new worker stopped at once, say) waits for the
+handler, and is a clean stop, not a death by SIGTERM's default action."""
 
 ENV_FD = "TASKQ_SUPERVISOR_FD"
 REPORT_INTERVAL = 0.5

@@ -28,6 +28,7 @@ from taskq.worker.completer import Completer
 from taskq.worker.consumer import Consumers, Hooks
 from taskq.worker.dispatcher import Dispatcher, Listener
 from taskq.worker.heartbeat import Heartbeat
+from taskq.worker.liveness import STOP_SIGNALS
 from taskq.worker.pruner import Pruner
 from taskq.worker.queue_control import QueueControl
 from taskq.worker.registry import ActiveJob, ActiveJobRegistry
@@ -488,11 +489,11 @@ async def settle(tasks: Iterable[asyncio.Task[Any]], budget: float) -> None:
 
 def install_signal_handlers(worker: Worker, loop: asyncio.AbstractEventLoop) -> None:
     """SIGTERM/SIGINT only set the worker's shutdown event; the loop does the work. A supervisor's worker
-    child was forked with both blocked (taskq.supervisor.spawn.STOP_SIGNALS); they are unblocked now that
-    they are handled, and one that came while the worker started is delivered here."""
+    child was forked with both blocked (liveness.STOP_SIGNALS); they are unblocked now that they are
+    handled, and one that came while the worker started is delivered here."""
     loop.add_signal_handler(signal.SIGTERM, worker.request_shutdown)
     loop.add_signal_handler(signal.SIGINT, worker.on_sigint)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 async def worker_main_async(
