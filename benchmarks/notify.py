@@ -56,8 +56,9 @@ from taskq.client import JobsClient
 
 CLIENT_MODES = ("client, default", "client, NOTIFY in the insert", "client, no NOTIFY",
                 "sync client, default", "sync client, no NOTIFY")
-"""default: what the client does unchanged (after this change: a NOTIFY after the commit, coalesced within
-backend_notify.NOTIFY_WINDOW); in the insert: every insert notifies in its own transaction, as before
+"""default: what the client does unchanged (since session 7: a quiet queue's insert carries its NOTIFY, a
+busy queue's follow its commits, coalesced in a window that widens from backend_notify.NOTIFY_WINDOW to
+NOTIFY_WINDOW_MAX); in the insert: every insert notifies in its own transaction, as before
 coalescing; no NOTIFY: the floor. The script also runs against an older taskq (another venv's python):
 each mode is set up through what that version's notifier has."""
 
@@ -263,6 +264,8 @@ class Watch:
 
 def turn(dsn: str, name: str, producers: int, seconds: float, server: ServerCpu) -> dict[str, Any]:
     reset_jobs(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CHECKPOINT")  # the previous turn's dirty pages are not flushed during this one
     with Watch(dsn) as watch:
         result = _turn(dsn, name, producers, seconds, server, watch)
     return result | {"notifications": watch.notifications, "notifications_per_s": watch.notifications / seconds,

@@ -1,5 +1,5 @@
-"""The enqueue NOTIFY, sent after the insert commits, coalesced per queue within a short window (part
-of the SQL layer, split from backend.py by noun).
+"""The enqueue NOTIFY, sent after the insert commits, coalesced per queue within a window that widens
+while the queue stays busy (part of the SQL layer, split from backend.py by noun).
 
 A transaction that called pg_notify takes PostgreSQL's one notify lock at commit and holds it until its
 commit is over, WAL flush included, so notifying commits from many sessions run one at a time; the
@@ -7,14 +7,22 @@ flush of every notifying enqueue queued behind the flush of the one before (benc
 producers, the enqueues waiting on `Lock:object`). So an enqueue through the client's own pool writes
 no NOTIFY: once its insert has committed, the client sends one in a transaction of its own that writes
 nothing else, so PostgreSQL does not flush WAL for it and holds the notify lock only for an instant.
-At light load (no job of that queue went in from this process in the last `window`) the insert
-carries the NOTIFY itself after all: there is no convoy to avoid, and PostgreSQL delivers it with the
-commit, one statement sooner (enqueue -> start is then what it was before coalescing). Otherwise that
-NOTIFY goes at once, on the insert's own connection before the enqueue returns, when none of that
-queue was sent in the last `window`; within the window one trailing NOTIFY goes when it ends (a task of
-the event loop sends it on a pooled connection; the enqueue does not wait for it), and covers every job
-committed before it is sent. So a worker hears of a job at most one window plus a round trip after its
-commit, and one process sends at most one NOTIFY per queue per window however many tasks enqueue.
+
+`NotifyPacing` decides, per queue and per process, which insert gets a NOTIFY and when:
+- **Quiet** (no job of that queue went in from this process in the last `window`, 10 ms): the insert
+  carries the NOTIFY itself. There is no convoy to avoid, and PostgreSQL delivers it with the commit, one
+  statement sooner, so enqueue -> start at light load is what it was before coalescing.
+- **Busy**: the NOTIFY goes at once, on the insert's own connection before the enqueue returns, when
+  none of that queue went in the current window; within the window, one trailing NOTIFY goes when it
+  ends (a task of the event loop, or the sync client's thread, sends it on a pooled connection; the
+  enqueue does not wait for it), and covers every job committed before it is sent.
+- Every NOTIFY a busy queue sends doubles its window, up to `max_window` (50 ms); a quiet insert brings
+  it back to `window`. A short burst is heard within 10 ms; a process that enqueues without pause sends
+  at most 20 NOTIFYs a second per queue, however fast it enqueues. Each NOTIFY costs the producer a
+  statement, PostgreSQL a notifying commit and a signal to every listener, and every idle worker a
+  wake-up and a claim; at 8 producers, one NOTIFY per 10 ms each cost a quarter of the enqueue
+  throughput (benchmarks/notify.py). So a worker hears of a job at most `max_window` plus a round trip
+  after its commit, and at light load at once.
 
 If the process dies between the commit and the NOTIFY, or the NOTIFY fails, no notification comes:
 the workers' poll (`poll_interval`) finds the job. Jobs enqueued in the caller's own transaction
@@ -27,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from typing import Any
 
@@ -38,25 +47,68 @@ from taskq import sql
 log = logging.getLogger("taskq.client")
 
 NOTIFY_WINDOW = 0.01
-"""Seconds: at most one NOTIFY per queue per window from one client process; a NOTIFY is late by at most
-this much. Below the 20 ms between jobs at 50 jobs/s, the light load at which enqueue -> start latency
-is measured, so there every job gets its own NOTIFY at once."""
+"""Seconds: the quiet gap (an insert after this long without one of its queue carries its own NOTIFY) and a
+busy queue's first coalescing window. Below the 20 ms between jobs at 50 jobs/s, the light load at which
+enqueue -> start latency is measured, so there every job gets its own NOTIFY at once."""
+
+NOTIFY_WINDOW_MAX = 0.05
+"""Seconds: the widest a busy queue's coalescing window grows (it doubles with each NOTIFY it sends), so
+the longest a worker waits to hear of a job beyond its commit while one process enqueues without pause."""
 
 
-def quiet_insert(seen: dict[str, float], last: dict[str, float], queue: str, window: float, pending: bool) -> bool:
-    """The light-load rule both notifiers share (this module's and the sync client's, which calls it under
-    its lock): True when this process inserted no job of `queue` in the last `window` and no NOTIFY of it
-    is waiting (`pending`) or went in the last window. Then the insert notifies in its own transaction:
-    PostgreSQL delivers the NOTIFY with the insert's commit, with no second statement, so enqueue -> start
-    at light load is what it was before coalescing; and a window starts. A busy queue's inserts (another
-    within the window) never notify in their transaction: notifying commits stay few. Records the insert."""
-    now = time.monotonic()
-    before = seen.get(queue, -window)
-    seen[queue] = now
-    if pending or now - before < window or now - last.get(queue, -window) < window:
-        return False
-    last[queue] = now
-    return True
+class NotifyPacing:
+    """Which insert of one process gets a NOTIFY, and when (the module docstring says why). Shared by both
+    notifiers (the sync client's calls it under its lock). Times are time.monotonic()."""
+
+    def __init__(self, window: float = NOTIFY_WINDOW, max_window: float = NOTIFY_WINDOW_MAX) -> None:
+        self.window = window
+        self.max_window = max_window
+        self._seen: dict[str, float] = {}  # queue -> when this process last inserted one of its jobs
+        self._last: dict[str, float] = {}  # queue -> when its last NOTIFY went
+        self._span: dict[str, float] = {}  # queue -> its current window, while busy
+        self._gap: dict[str, float] = {}  # queue -> the time between its last two inserts
+
+    def quiet(self, queue: str) -> bool:
+        """Call before each insert of `queue`. True when the queue is quiet in this process: this insert
+        comes at least `window` after the one before, and so did that one, or it ends a pause of at least
+        `max_window`. Then the insert notifies in its own transaction (PostgreSQL delivers that NOTIFY with
+        its commit, no second statement), and the queue's window narrows back to `window`. A busy
+        queue's inserts never notify in their transaction: notifying commits stay few. Two gaps, not one,
+        because a producer that enqueues without pause on a loaded machine still sees one gap in a few
+        longer than 10 ms."""
+        now = time.monotonic()
+        before = self._seen.get(queue)
+        self._seen[queue] = now
+        gap = math.inf if before is None else now - before
+        previous, self._gap[queue] = self._gap.get(queue, math.inf), gap
+        if gap < self.window or (previous < self.window and gap < max(self.max_window, self.window)):
+            return False
+        self._last[queue] = now
+        self._span.pop(queue, None)
+        return True
+
+    def span(self, queue: str) -> float:
+        """The queue's current window: at least `window`, widened by each busy NOTIFY up to `max_window`."""
+        return max(self._span.get(queue, self.window), self.window)
+
+    def due(self, queue: str) -> float:
+        """When the next NOTIFY of `queue` may go: its last one plus its current window."""
+        return self._last.get(queue, -math.inf) + self.span(queue)
+
+    def send_now(self, queue: str, pending: bool) -> bool:
+        """Call after a busy insert committed. True: no NOTIFY of it is waiting (`pending`) or went in its
+        current window, so the caller sends one now, and that counts as sent (`sent`). False: one is due
+        at `due(queue)`."""
+        now = time.monotonic()
+        if pending or now < self.due(queue):
+            return False
+        self.sent(queue, now)
+        return True
+
+    def sent(self, queue: str, at: float) -> None:
+        """A busy queue's NOTIFY went at `at`: the next waits one window from it, and the window doubles."""
+        self._last[queue] = at
+        self._span[queue] = min(2 * self.span(queue), max(self.max_window, self.window))
 
 
 class _Trailing:
@@ -72,12 +124,19 @@ class EnqueueNotifier:
 
     def __init__(self, pool: AsyncConnectionPool[AsyncConnection[Any]], window: float = NOTIFY_WINDOW) -> None:
         self.pool = pool
-        self.window = window
+        self.pacing = NotifyPacing(window)
         self.in_transaction = False
         """True: every insert notifies in its own transaction (as taskq did before; for comparisons)."""
-        self._last: dict[str, float] = {}
-        self._seen: dict[str, float] = {}  # queue -> when this process last inserted one of its jobs
         self._trailing: dict[str, _Trailing] = {}
+
+    @property
+    def window(self) -> float:
+        """The quiet gap and a busy queue's first window (NotifyPacing.window)."""
+        return self.pacing.window
+
+    @window.setter
+    def window(self, seconds: float) -> None:
+        self.pacing.window = seconds
 
     def inline(self, queue: str) -> bool:
         """True: this insert notifies in its own transaction. False: call `after_commit(queue)` once it
@@ -85,21 +144,14 @@ class EnqueueNotifier:
         return self.in_transaction
 
     def quiet(self, queue: str) -> bool:
-        """True: this insert carries its own NOTIFY (see `quiet_insert`); call before the insert."""
-        return not self.in_transaction and quiet_insert(self._seen, self._last, queue, self.window,
-                                                        queue in self._trailing)
+        """True: this insert carries its own NOTIFY (NotifyPacing.quiet); call before the insert."""
+        return not self.in_transaction and self.pacing.quiet(queue)
 
     def send_now(self, queue: str) -> bool:
-        """True: no NOTIFY of `queue` went in the last window and none is waiting, so the caller sends one
-        now with `send_on`, on the connection its insert has just committed on (no other connection to
-        wake, no hop through the event loop), and a window starts. False: call `after_commit(queue)`."""
-        if self.in_transaction or queue in self._trailing:
-            return False
-        now = time.monotonic()
-        if now - self._last.get(queue, -self.window) < self.window:
-            return False
-        self._last[queue] = now
-        return True
+        """True: no NOTIFY of `queue` went in its current window and none is waiting, so the caller sends
+        one now with `send_on`, on the connection its insert has just committed on (no other connection to
+        wake, no hop through the event loop). False: call `after_commit(queue)`."""
+        return not self.in_transaction and self.pacing.send_now(queue, queue in self._trailing)
 
     async def send_on(self, conn: AsyncConnection[Any], queue: str) -> None:
         """The NOTIFY `send_now` allowed. Its insert has committed: a failure here is logged, not raised
@@ -122,11 +174,11 @@ class EnqueueNotifier:
 
     async def _send(self, queue: str, trailing: _Trailing) -> None:
         try:
-            delay = self._last.get(queue, -self.window) + self.window - time.monotonic()
+            delay = self.pacing.due(queue) - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
             trailing.sending = True
-            self._last[queue] = time.monotonic()  # the next one waits a window from this one's start
+            self.pacing.sent(queue, time.monotonic())  # the next one waits a window from this one's start
             await self._notify_now(queue)
         finally:
             if self._trailing.get(queue) is trailing:

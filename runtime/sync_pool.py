@@ -24,7 +24,7 @@ from psycopg import Connection
 from psycopg_pool import ConnectionPool, PoolClosed
 
 from taskq import sql
-from taskq.backend_notify import NOTIFY_WINDOW, quiet_insert
+from taskq.backend_notify import NOTIFY_WINDOW, NotifyPacing
 
 CT = TypeVar("CT", bound=Connection[Any])
 
@@ -112,17 +112,25 @@ class SyncNotifier:
 
     def __init__(self, pool: Any, window: float = NOTIFY_WINDOW) -> None:
         self.pool = pool
-        self.window = window
+        self._window = window
         self.in_transaction = False
         """True: every insert notifies in its own transaction (as taskq did before; for comparisons)."""
         self._reset()
 
+    @property
+    def window(self) -> float:
+        """The quiet gap and a busy queue's first window (NotifyPacing.window)."""
+        return self._window
+
+    @window.setter
+    def window(self, seconds: float) -> None:
+        self._window = self.pacing.window = seconds
+
     def _reset(self) -> None:
         self._pid = os.getpid()
         self._cond = threading.Condition()
+        self.pacing = NotifyPacing(self._window)
         self._due: dict[str, float] = {}  # queue -> monotonic time its NOTIFY may go
-        self._last: dict[str, float] = {}  # queue -> when its last NOTIFY went
-        self._seen: dict[str, float] = {}  # queue -> when this process last inserted one of its jobs
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -130,12 +138,12 @@ class SyncNotifier:
         return self.in_transaction
 
     def quiet(self, queue: str) -> bool:
-        """EnqueueNotifier.quiet: True when this insert carries its own NOTIFY (backend_notify.quiet_insert)."""
+        """EnqueueNotifier.quiet: True when this insert carries its own NOTIFY (NotifyPacing.quiet)."""
         if self.in_transaction:
             return False
         self._check_pid()
         with self._cond:
-            return not self._closed and quiet_insert(self._seen, self._last, queue, self.window, queue in self._due)
+            return not self._closed and self.pacing.quiet(queue)
 
     def send_now(self, queue: str) -> bool:
         """EnqueueNotifier.send_now: True when the caller sends the NOTIFY itself, now, with `send_on`."""
@@ -143,13 +151,7 @@ class SyncNotifier:
             return False
         self._check_pid()
         with self._cond:
-            if self._closed or queue in self._due:
-                return False
-            now = time.monotonic()
-            if now - self._last.get(queue, -self.window) < self.window:
-                return False
-            self._last[queue] = now
-            return True
+            return not self._closed and self.pacing.send_now(queue, queue in self._due)
 
     def send_on(self, conn: Any, queue: str) -> None:
         try:
@@ -168,7 +170,7 @@ class SyncNotifier:
         with self._cond:
             closed = self._closed
             if not closed and queue not in self._due:  # one already pending covers this job
-                self._due[queue] = self._last.get(queue, -self.window) + self.window
+                self._due[queue] = self.pacing.due(queue)
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._run, name="taskq-notify", daemon=True)
                     self._thread.start()
@@ -189,7 +191,7 @@ class SyncNotifier:
                     now = time.monotonic()
                     if at <= now:
                         del self._due[queue]
-                        self._last[queue] = now
+                        self.pacing.sent(queue, now)
                         break
                     self._cond.wait(at - now)
             self._notify_now(queue)

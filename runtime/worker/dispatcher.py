@@ -22,11 +22,23 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("taskq.dispatcher")
 
+BUSY_POLL = 0.01
+"""Seconds: while jobs arrive faster than NOTIFYs, the next claim comes this soon (or at a NOTIFY) after
+one that found jobs but fewer than it asked for, instead of after `poll_interval`. A producer that
+enqueues without pause coalesces its NOTIFYs into one per up to 50 ms (backend_notify), so a worker
+already taking its jobs keeps looking on its own. It starts when a claim finds more than one job (one
+NOTIFY covered several: at light load each NOTIFY brings one job, and no claim follows the job), goes
+on while claims find jobs, and stops after BUSY_POLLS claims in a row find none; so it costs at most
+BUSY_POLLS empty claims per busy spell."""
+
+BUSY_POLLS = 3
+
 
 class Dispatcher:
     def __init__(self, worker: Worker) -> None:
         self.w = worker
         self.wake = asyncio.Event()
+        self.busy_poll = BUSY_POLL
         self.full = False
         """Waiting for a free slot (every one of `concurrency` is taken), not for new jobs."""
 
@@ -34,6 +46,7 @@ class Dispatcher:
         s = self.w.settings
         loop = asyncio.get_running_loop()
         backoff = 0.05
+        lingering = BUSY_POLLS  # empty claims in a row since the busy poll found jobs (BUSY_POLLS: off)
         while not self.w.draining:
             free = self.free_slots()
             if free <= 0:
@@ -64,7 +77,12 @@ class Dispatcher:
                 # counted after the new consumers' first steps, which start the actors
                 loop.call_soon(self._count, jobs)
             if len(jobs) < want:
-                await self._wait(s.poll_interval)
+                if len(jobs) > 1 or (jobs and lingering < BUSY_POLLS):
+                    lingering = 0
+                elif lingering < BUSY_POLLS:
+                    lingering += 1
+                busy = lingering < BUSY_POLLS
+                await self._wait(min(self.busy_poll, s.poll_interval) if busy else s.poll_interval)
                 self.wake.clear()
 
     async def claim(self, want: int) -> list[ClaimedJob]:

@@ -4,6 +4,7 @@ missing after the last job, and in the caller's own transaction only when that t
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import time
 from collections.abc import AsyncIterator
@@ -271,3 +272,77 @@ async def test_a_worker_with_no_polling_runs_every_job_of_bursts_from_concurrent
     finally:
         for c in clients:
             await c.close()
+
+
+def _gaps(at: list[float]) -> list[float]:
+    return [round(b - a, 3) for a, b in itertools.pairwise(at)]
+
+
+async def test_a_queue_kept_busy_sends_its_notifies_further_and_further_apart(
+    dsn: str, client: JobsClient, notes: Notes
+) -> None:
+    """One process enqueueing without pause (every 50 ms, against a window of 0.5 s): each NOTIFY doubles the
+    window, up to max_window (2 s), so 1.75 s of jobs get 4 NOTIFYs (at 0, 0.5, 1.5 and 3.5 s), not one per
+    0.5 s. A NOTIFY can go late, never early: the gaps are lower bounds."""
+    client.backend.notifier.window = 0.5
+    client.backend.notifier.pacing.max_window = 2.0
+    start = time.monotonic()
+    i = 0
+    while time.monotonic() - start < 1.75:
+        await client.enqueue("tests.notify.job", i)
+        i += 1
+        await asyncio.sleep(0.05)
+    await wait_for(lambda: len(notes.at) >= 4, timeout=10)
+    await notes.mark(dsn, "after")
+    assert notes.before("after") == 4, f"{notes.before('after')} NOTIFYs, {_gaps(notes.at)} apart"
+    gaps = _gaps(notes.at)
+    assert gaps[0] > 0.4 and gaps[1] > 0.9 and gaps[2] > 1.9, f"NOTIFYs {gaps} apart"
+
+
+async def test_a_sync_clients_busy_queue_sends_its_notifies_further_and_further_apart(dsn: str, notes: Notes) -> None:
+    def busy() -> None:
+        with SyncJobsClient.connect(dsn) as client:
+            client.backend.notifier.window = 0.5
+            client.backend.notifier.pacing.max_window = 2.0
+            start = time.monotonic()
+            i = 0
+            while time.monotonic() - start < 1.75:
+                client.enqueue("tests.notify.job", i)
+                i += 1
+                time.sleep(0.05)
+            time.sleep(2.0)  # the trailing NOTIFY due at 3.5 s goes from the thread, before close()
+
+    await asyncio.to_thread(busy)
+    await wait_for(lambda: len(notes.at) >= 4, timeout=10)
+    await notes.mark(dsn, "after")
+    assert notes.before("after") == 4, f"{notes.before('after')} NOTIFYs, {_gaps(notes.at)} apart"
+    gaps = _gaps(notes.at)
+    assert gaps[0] > 0.4 and gaps[1] > 0.9 and gaps[2] > 1.9, f"NOTIFYs {gaps} apart"
+
+
+async def test_a_worker_taking_a_busy_queues_jobs_keeps_claiming_without_a_notify(
+    dsn: str, client: JobsClient
+) -> None:
+    """Jobs keep coming, but their producer sends no NOTIFY (a busy queue's are up to 50 ms apart): a worker
+    whose claim found several jobs on one NOTIFY, and whose claims since found jobs, claims again after its
+    busy poll, not after `poll_interval` (60 s here, so every job below would miss its deadline without
+    it). One job per NOTIFY starts no busy poll: test_claim.py's empty-claim test."""
+    reg = ActorRegistry()
+
+    @actor(name="tests.notify.busy", registry=reg)
+    async def busy(payload: int) -> int:
+        return payload
+
+    async with running_worker(dsn, reg, poll_interval=60.0, concurrency=4) as worker:
+        await wait_for(worker.listener.connected.is_set)
+        worker.dispatcher.busy_poll = 0.5  # the next job goes in well within it, however loaded the machine
+        # a quiet queue: the insert notifies, and the worker's claim finds both jobs
+        for first in await client.enqueue_many(busy, [-1, 0]):
+            assert (await first.wait(timeout=10)).status == "succeeded"
+        notifier = client.backend.notifier
+        notifier.quiet = lambda queue: False  # type: ignore[method-assign]
+        notifier.send_now = lambda queue: False  # type: ignore[method-assign]
+        notifier.after_commit = lambda queue: None  # type: ignore[method-assign]
+        for i in range(1, 6):
+            handle = await client.enqueue(busy, i)
+            assert (await handle.wait(timeout=10)).status == "succeeded", f"job {i} was not claimed"
