@@ -26,9 +26,10 @@ drain and latency p50 within 10 % of the empty table's.
 
 Sustained mode (`--sustained SECONDS`): a fresh database, `--workers` workers, and this process enqueueing
 `--rate` jobs/s in `enqueue_many` batches every 0.1 s for SECONDS. Sampled every 10 s: jobs finished,
-backlog, dead tuples of the three tables, autovacuum runs. At the end, per minute: jobs finished, enqueue →
-start p50/p99 (created_at → started_at on the server); target: the last minute's throughput within 10 % of
-the first's. If the backlog grows, the machine cannot drain that rate: the drained rate is the ceiling.
+backlog, dead tuples of the three tables, autovacuum runs, checkpoints and the WAL written. At the end,
+per minute: jobs finished, enqueue → start p50/p99 (created_at → started_at on the server); target: the last
+minute's throughput within 10 % of the first's. If the backlog grows, the machine cannot drain that rate:
+the drained rate is the ceiling.
 """
 
 from __future__ import annotations
@@ -109,6 +110,11 @@ SELECT (SELECT count(*) FROM taskq.jobs WHERE status IN ('pending', 'scheduled')
        (SELECT coalesce(sum(autovacuum_count), 0) FROM pg_stat_user_tables WHERE schemaname = 'taskq'
         AND relname = 'jobs')
 """
+CHECKPOINTS_SQL = {  # (timed + requested checkpoints so far, WAL bytes written so far)
+    True: "SELECT num_timed + num_requested, pg_current_wal_lsn() - '0/0' FROM pg_stat_checkpointer",
+    False: "SELECT checkpoints_timed + checkpoints_req, pg_current_wal_lsn() - '0/0' FROM pg_stat_bgwriter",
+}
+"""Keyed by PostgreSQL >= 17, where the checkpoint counters moved to pg_stat_checkpointer."""
 PER_MINUTE_SQL = """
 SELECT floor(extract(epoch FROM finished_at - %(t0)s) / 60)::int AS minute, count(*),
        1000 * percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at)),
@@ -389,6 +395,7 @@ def sustained_mode(args: argparse.Namespace) -> None:
                 row = conn.execute("SELECT now()").fetchone()
                 assert row is not None
                 t0 = row[0]
+                checkpoints = CHECKPOINTS_SQL[conn.info.server_version >= 170000]
                 loop = asyncio.new_event_loop()
                 producer = loop.run_in_executor(None, lambda: asyncio.run(produce(dsn, args.rate, args.sustained)))
                 started = time.monotonic()
@@ -396,10 +403,12 @@ def sustained_mode(args: argparse.Namespace) -> None:
                     loop.run_until_complete(asyncio.wait([producer], timeout=SAMPLE_EVERY))
                     conn.execute("SELECT pg_stat_clear_snapshot()")
                     s = conn.execute(SUSTAINED_SAMPLE_SQL).fetchone()
-                    assert s is not None
+                    c = conn.execute(checkpoints).fetchone()
+                    assert s is not None and c is not None
                     samples.append({"t": time.monotonic() - started, "backlog": int(s[0]), "running": int(s[1]),
                                     "jobs_dead": int(s[2]), "all_dead": int(s[3]), "autovacuums": int(s[4]),
-                                    "jobs_autovacuums": int(s[5]), "loadavg": machine()["loadavg"][0]})
+                                    "jobs_autovacuums": int(s[5]), "checkpoints": int(c[0]), "wal_bytes": int(c[1]),
+                                    "loadavg": machine()["loadavg"][0]})
                     print(f"  {samples[-1]}", file=sys.stderr)
                     if any(p.poll() is not None for p in procs):
                         raise RuntimeError(f"a worker exited early; see {logs}")
@@ -428,9 +437,12 @@ def sustained_mode(args: argparse.Namespace) -> None:
         print(report["load_warning"])
     print_table(["minute", "jobs/s", "enqueue→start p50 ms", "p99 ms"],
                 [[m["minute"] + 1, m["jobs"] / 60, m["start_p50_ms"], m["start_p99_ms"]] for m in minutes])
-    print_table(["t s", "backlog", "running", "jobs dead tuples", "all dead tuples", "autovacuums (jobs)", "load"],
+    print_table(["t s", "backlog", "running", "jobs dead tuples", "all dead tuples", "autovacuums (jobs)",
+                 "checkpoints", "WAL MB/s", "load"],
                 [[s["t"], s["backlog"], s["running"], s["jobs_dead"], s["all_dead"],
-                  f"{s['autovacuums']} ({s['jobs_autovacuums']})", s["loadavg"]] for s in samples])
+                  f"{s['autovacuums']} ({s['jobs_autovacuums']})", s["checkpoints"] - samples[0]["checkpoints"],
+                  (s["wal_bytes"] - p["wal_bytes"]) / (s["t"] - p["t"]) / 2**20 if s is not p else None, s["loadavg"]]
+                 for p, s in zip([samples[0], *samples], samples, strict=False)])
     print_table(["table", "live", "dead", "autovacuums", "total MB", "index MB"],
                 [[t, v["live"], v["dead"], v["autovacuums"], v["total_bytes"] / 2**20, v["index_bytes"] / 2**20]
                  for t, v in tables.items()])
