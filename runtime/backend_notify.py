@@ -9,8 +9,8 @@ no NOTIFY: once its insert has committed, the client sends one in a transaction 
 nothing else, so PostgreSQL does not flush WAL for it and holds the notify lock only for an instant.
 
 `NotifyPacing` decides, per queue and per process, which insert gets a NOTIFY and when:
-- **Quiet** (no job of that queue went in from this process in the last `window`, 10 ms): the insert
-  carries the NOTIFY itself. There is no convoy to avoid, and PostgreSQL delivers it with the commit, one
+- **Quiet** (this process's last two inserts of that queue each came at least `window`, 10 ms, after
+  the one before, or a pause of `max_window` ended): the insert carries the NOTIFY itself. There is no convoy to avoid, and PostgreSQL delivers it with the commit, one
   statement sooner, so enqueue -> start at light load is what it was before coalescing.
 - **Busy**: the NOTIFY goes at once, on the insert's own connection before the enqueue returns, when
   none of that queue went in the current window; within the window, one trailing NOTIFY goes when it

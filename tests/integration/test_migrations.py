@@ -133,6 +133,20 @@ async def test_cancel_phases_zero_to_two_are_storable(conn: AsyncConnection[Any]
     assert await _scalar(conn, "SELECT cancel_phase FROM taskq.jobs") == phase
 
 
+async def test_jobs_is_vacuumed_after_a_fixed_number_of_dead_rows_with_its_index_pass(
+    conn: AsyncConnection[Any],
+) -> None:
+    """Migration 14: the claim walks the dead entries of jobs_claim_idx left since the last vacuum, so jobs is
+    vacuumed after 10,000 dead rows whatever its size, and the vacuum always cleans the indexes."""
+    await migrate(conn)
+    cur = await conn.execute("SELECT reloptions FROM pg_class WHERE oid = 'taskq.jobs'::regclass")
+    row = await cur.fetchone()
+    assert row is not None and set(row[0]) >= {
+        "autovacuum_vacuum_scale_factor=0", "autovacuum_vacuum_threshold=10000", "vacuum_index_cleanup=on"}
+    cur = await conn.execute("SELECT reloptions FROM pg_class WHERE oid = 'taskq.job_events'::regclass")
+    assert await cur.fetchone() == (None,), "only the hot table has its own settings"
+
+
 async def test_running_migrate_again_applies_nothing(conn: AsyncConnection[Any]) -> None:
     await migrate(conn)
     applied_at = await _scalar(conn, "SELECT applied_at FROM taskq.schema_migrations WHERE version = 1")
