@@ -10,19 +10,21 @@ nothing else, so PostgreSQL does not flush WAL for it and holds the notify lock 
 
 `NotifyPacing` decides, per queue and per process, which insert gets a NOTIFY and when:
 - **Quiet** (this process's last two inserts of that queue each came at least `window`, 10 ms, after
-  the one before, or a pause of `max_window` ended): the insert carries the NOTIFY itself. There is no convoy to avoid, and PostgreSQL delivers it with the commit, one
-  statement sooner, so enqueue -> start at light load is what it was before coalescing.
+  the one before, or a pause of `max_window` ended): the insert carries the NOTIFY itself. There is no
+  convoy to avoid, and PostgreSQL delivers it with the commit, one statement sooner, so enqueue -> start
+  at light load is what it was before coalescing.
 - **Busy**: the NOTIFY goes at once, on the insert's own connection before the enqueue returns, when
   none of that queue went in the current window; within the window, one trailing NOTIFY goes when it
   ends (a task of the event loop, or the sync client's thread, sends it on a pooled connection; the
   enqueue does not wait for it), and covers every job committed before it is sent.
-- Every NOTIFY a busy queue sends doubles its window, up to `max_window` (50 ms); a quiet insert brings
+- Every NOTIFY a busy queue sends doubles its window, up to `max_window` (100 ms); a quiet insert brings
   it back to `window`. A short burst is heard within 10 ms; a process that enqueues without pause sends
-  at most 20 NOTIFYs a second per queue, however fast it enqueues. Each NOTIFY costs the producer a
+  at most 10 NOTIFYs a second per queue, however fast it enqueues. Each NOTIFY costs the producer a
   statement, PostgreSQL a notifying commit and a signal to every listener, and every idle worker a
   wake-up and a claim; at 8 producers, one NOTIFY per 10 ms each cost a quarter of the enqueue
-  throughput (benchmarks/notify.py). So a worker hears of a job at most `max_window` plus a round trip
-  after its commit, and at light load at once.
+  throughput, and one per 50 ms each still 11 % of the sync client's (benchmarks/notify.py). So a
+  worker hears of a job at most `max_window` plus a round trip after its commit (a worker already taking
+  a busy queue's jobs does not wait for it: worker/dispatcher.py BUSY_POLL), and at light load at once.
 
 If the process dies between the commit and the NOTIFY, or the NOTIFY fails, no notification comes:
 the workers' poll (`poll_interval`) finds the job. Jobs enqueued in the caller's own transaction
@@ -51,7 +53,7 @@ NOTIFY_WINDOW = 0.01
 busy queue's first coalescing window. Below the 20 ms between jobs at 50 jobs/s, the light load at which
 enqueue -> start latency is measured, so there every job gets its own NOTIFY at once."""
 
-NOTIFY_WINDOW_MAX = 0.05
+NOTIFY_WINDOW_MAX = 0.1
 """Seconds: the widest a busy queue's coalescing window grows (it doubles with each NOTIFY it sends), so
 the longest a worker waits to hear of a job beyond its commit while one process enqueues without pause."""
 

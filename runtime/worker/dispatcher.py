@@ -25,7 +25,7 @@ log = logging.getLogger("taskq.dispatcher")
 BUSY_POLL = 0.01
 """Seconds: while jobs arrive faster than NOTIFYs, the next claim comes this soon (or at a NOTIFY) after
 one that found jobs but fewer than it asked for, instead of after `poll_interval`. A producer that
-enqueues without pause coalesces its NOTIFYs into one per up to 50 ms (backend_notify), so a worker
+enqueues without pause coalesces its NOTIFYs into one per up to 100 ms (backend_notify), so a worker
 already taking its jobs keeps looking on its own. It starts when a claim finds more than one job (one
 NOTIFY covered several: at light load each NOTIFY brings one job, and no claim follows the job), goes
 on while claims find jobs, and stops after BUSY_POLLS claims in a row find none; so it costs at most

@@ -323,7 +323,7 @@ async def test_a_sync_clients_busy_queue_sends_its_notifies_further_and_further_
 async def test_a_worker_taking_a_busy_queues_jobs_keeps_claiming_without_a_notify(
     dsn: str, client: JobsClient
 ) -> None:
-    """Jobs keep coming, but their producer sends no NOTIFY (a busy queue's are up to 50 ms apart): a worker
+    """Jobs keep coming, but their producer sends no NOTIFY (a busy queue's are up to 100 ms apart): a worker
     whose claim found several jobs on one NOTIFY, and whose claims since found jobs, claims again after its
     busy poll, not after `poll_interval` (60 s here, so every job below would miss its deadline without
     it). One job per NOTIFY starts no busy poll: test_claim.py's empty-claim test."""
