@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -250,6 +251,36 @@ def _plan_summary(doc: list[dict[str, Any]]) -> dict[str, Any]:
             "shared_dirtied": plan.get("Shared Dirtied Blocks"), "plan": doc}
 
 
+class VacuumWatch:
+    """The vacuums that ran during a leg, on any database of the server: pg_stat_progress_vacuum sampled
+    every `every` seconds, counted per "database table" (a table of another database shows as its oid). On
+    two cores the vacuum of one level's big history tables competes with the leg it overlaps."""
+
+    SQL = """SELECT p.datname || ' ' || coalesce((SELECT relname FROM pg_class WHERE oid = p.relid), p.relid::text)
+             FROM pg_stat_progress_vacuum AS p"""
+
+    def __init__(self, dsn: str, every: float = 0.25) -> None:
+        self.dsn, self.every = dsn, every
+        self.seen: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> VacuumWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _sample(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self._stop.wait(self.every):
+                for (what,) in conn.execute(self.SQL).fetchall():
+                    key = str(what).removeprefix("taskq_bench_")
+                    self.seen[key] = self.seen.get(key, 0) + 1
+
+
 def history_mode(args: argparse.Namespace) -> None:
     levels = [int(v) for v in args.levels.split(",")]
     params = {"levels": levels, "rounds": args.rounds, "jobs": args.jobs, "workers": args.workers,
@@ -277,14 +308,17 @@ def history_mode(args: argparse.Namespace) -> None:
                     tag = f"{n}-r{r + 1}"
                     load = machine()["loadavg"]
                     d = drain(dsns[n], args, servers[n], tag)
-                    lat = latency(dsns[n], args, tag)
+                    with VacuumWatch(dsns[n]) as vacuums:
+                        lat = latency(dsns[n], args, tag)
+                    lat["vacuum_samples"] = vacuums.seen
                     rounds[n].append({"loadavg_before": load, "drain": d, "latency": lat})
                     print(f"  round {r + 1}/{args.rounds}, {n:,} history: drain {d['jobs_per_s']:,.0f} jobs/s, "
                           f"PG {d['server_cpu_us_per_job']:.0f} µs/job "
                           f"({', '.join(f'{k} {v:.0f}' for k, v in d['server_cpu_us_per_job_by_kind'].items())}; "
                           f"autovacuums {d['autovacuums']}); enqueue→start p50 "
                           f"{lat['enqueue_to_start_ms']['p50']:.2f} ms p99 {lat['enqueue_to_start_ms']['p99']:.2f} ms"
-                          f" (load {load})", file=sys.stderr)
+                          f" (load {load}; vacuums during it, 0.25 s samples: {vacuums.seen or 'none'})",
+                          file=sys.stderr)
         finally:
             for cpu in servers.values():
                 cpu.close()
