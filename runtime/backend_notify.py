@@ -83,11 +83,15 @@ class NotifyPacing:
         self._seen[queue] = now
         gap = math.inf if before is None else now - before
         previous, self._gap[queue] = self._gap.get(queue, math.inf), gap
-        if gap < self.window or (previous < self.window and gap < max(self.max_window, self.window)):
+        if gap < self.window or (previous < self.window and gap < self.widest()):
             return False
         self._last[queue] = now
         self._span.pop(queue, None)
         return True
+
+    def widest(self) -> float:
+        """`max_window`, or `window` if that is wider (a test may set a long `window` alone)."""
+        return max(self.max_window, self.window)
 
     def span(self, queue: str) -> float:
         """The queue's current window: at least `window`, widened by each busy NOTIFY up to `max_window`."""
@@ -110,7 +114,7 @@ class NotifyPacing:
     def sent(self, queue: str, at: float) -> None:
         """A busy queue's NOTIFY went at `at`: the next waits one window from it, and the window doubles."""
         self._last[queue] = at
-        self._span[queue] = min(2 * self.span(queue), max(self.max_window, self.window))
+        self._span[queue] = min(2 * self.span(queue), self.widest())
 
 
 class _Trailing:

@@ -112,7 +112,7 @@ class SyncNotifier:
 
     def __init__(self, pool: Any, window: float = NOTIFY_WINDOW) -> None:
         self.pool = pool
-        self._window = window
+        self.pacing = NotifyPacing(window)
         self.in_transaction = False
         """True: every insert notifies in its own transaction (as taskq did before; for comparisons)."""
         self._reset()
@@ -120,16 +120,16 @@ class SyncNotifier:
     @property
     def window(self) -> float:
         """The quiet gap and a busy queue's first window (NotifyPacing.window)."""
-        return self._window
+        return self.pacing.window
 
     @window.setter
     def window(self, seconds: float) -> None:
-        self._window = self.pacing.window = seconds
+        self.pacing.window = seconds
 
     def _reset(self) -> None:
         self._pid = os.getpid()
         self._cond = threading.Condition()
-        self.pacing = NotifyPacing(self._window)
+        self.pacing = NotifyPacing(self.pacing.window, self.pacing.max_window)  # its settings, none of its state
         self._due: dict[str, float] = {}  # queue -> monotonic time its NOTIFY may go
         self._thread: threading.Thread | None = None
         self._closed = False
