@@ -139,12 +139,18 @@ SELECT count(*) FROM ins
 """
 
 
-def seed_history(dsn: str, rows: int, *, actor: str, newest_age_s: float,
-                 progress: bool = False) -> float:
+def seed_history(dsn: str, rows: int, *, actor: str, newest_age_s: float, progress: bool = False,
+                 freeze: bool = False, timings: dict[str, float] | None = None) -> float:
     """Write `rows` succeeded jobs, set-based (INSERT ... SELECT generate_series, not the client), each with
     its two state_change events and its attempts row as a real history has, then VACUUM ANALYZE the three
     tables. They finished 10 ms apart, the newest `newest_age_s` ago, in id order (time-ordered UUIDv7, as
-    taskq's own ids: PostgreSQL 18). Returns jobs written per second."""
+    taskq's own ids: PostgreSQL 18). Returns jobs written per second.
+
+    `freeze`: VACUUM (FREEZE, ANALYZE) instead, the state of a history that vacuum has gone over since it
+    was written. A history written all at once and only VACUUMed is all-visible but not frozen, and
+    some later vacuum of these tables must freeze it (PostgreSQL 18's eager scan of all-visible pages,
+    or an aggressive vacuum), a cost that a history written over days pays a page at a time.
+    `timings` gets "insert_s" and "vacuum_s"."""
     started = time.perf_counter()
     with psycopg.connect(dsn, autocommit=True) as conn:
         for first in range(1, rows + 1, SEED_CHUNK):
@@ -152,9 +158,14 @@ def seed_history(dsn: str, rows: int, *, actor: str, newest_age_s: float,
                                     "rows": rows, "newest_age": newest_age_s})
             if progress:
                 print(f"  seeded {min(rows, first + SEED_CHUNK - 1):,} / {rows:,}", file=sys.stderr, end="\r")
+        inserted = time.perf_counter()
+        vacuum = pgsql.SQL("VACUUM (FREEZE, ANALYZE) taskq.{}" if freeze else "VACUUM ANALYZE taskq.{}")
         for table in ("jobs", "job_events", "job_attempts"):
-            conn.execute(pgsql.SQL("VACUUM ANALYZE taskq.{}").format(pgsql.Identifier(table)))
-    return rows / (time.perf_counter() - started)
+            conn.execute(vacuum.format(pgsql.Identifier(table)))
+    done = time.perf_counter()
+    if timings is not None:
+        timings.update(insert_s=inserted - started, vacuum_s=done - inserted)
+    return rows / (done - started)
 
 
 # -- CPU accounting --------------------------------------------------------------------------------

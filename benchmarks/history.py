@@ -1,22 +1,34 @@
 """Does history slow the hot path? Drain and enqueue → start with 0 / 1M / 5M terminal jobs in the tables;
 and a sustained run (enqueue and drain at a fixed rate for minutes).
 
-    python benchmarks/history.py [--dsn DSN] [--levels 0,1000000,5000000] [--rounds 3] [--jobs 20000]
-                                 [--workers 2] [--latency-seconds 10] [--json out.json]
+    python benchmarks/history.py [--dsn DSN] [--levels 0,1000000,5000000] [--rounds 5] [--jobs 40000]
+                                 [--workers 2] [--latency-seconds 10] [--no-freeze] [--no-quiesce]
+                                 [--json out.json]
     python benchmarks/history.py --sustained 600 [--rate 5000] [--workers 2] [--dsn DSN]
 
 History mode: one database per level, each seeded set-based (`_common.seed_history`: INSERT ... SELECT
 generate_series) with that many succeeded jobs that finished in the last day (inside the default
 retention windows, so no worker prunes them), each with its two state_change events and its attempts row,
-then VACUUM ANALYZE (a settled table, as autovacuum leaves one). Nothing is vacuumed by hand after that.
+then VACUUM (FREEZE, ANALYZE): a settled history, as vacuum leaves one over the days it takes to write
+(with `--no-freeze`, VACUUM ANALYZE only: the history is then all-visible but not frozen, a debt that
+some later vacuum pays; session 9's --no-freeze run saw none of it come due in its rounds). Nothing is
+vacuumed by hand after that.
 Each round visits every database in turn (the starting database rotates), so that the machine's noise
-lands on every level alike; in each visit:
+lands on every level alike:
 
-1. drain: `--jobs` no-op jobs enqueued with `enqueue_many`, then `--workers` worker processes started
-   together; jobs/s = jobs / (max(finished_at) - min(started_at)) of the round's own rows; CPU per job of
-   the workers and of the PostgreSQL processes serving that database;
-2. latency: one idle worker, jobs enqueued one per commit at `--rate` 50/s for `--latency-seconds`:
-   enqueue call → actor start (the actor returns time.time(); `latency.drive`).
+1. drain: `--jobs` no-op jobs enqueued with `enqueue_many` and held (their queue paused), then `--workers`
+   worker processes started; once all of them listen, the queue is resumed and they start on it together.
+   jobs/s = jobs / (max(finished_at) - min(started_at)) of the round's own rows; CPU per job of the
+   workers and of the PostgreSQL processes serving that database, from the release to the last job;
+2. latency, once per round for all levels at once, after the round's drains: first `quiesce` waits until
+   autovacuum has caught up with the drains' dead rows on every level and no vacuum runs on the server
+   (`--no-quiesce`: start at once); then one idle worker per database, and jobs enqueued one per commit
+   at `--rate` 50/s into each for `--latency-seconds`, one producer task per database with their
+   schedules staggered (`latency.drive_many`): enqueue call → actor start (the actor returns
+   time.time()). Measured side by side, the levels share whatever the machine does meanwhile (a
+   checkpoint, a WAL flush stall, the placement of a new process); measured one after the other, as up
+   to session 7, one leg's p50 moved by ±20 % from round to round at any level, as much as the
+   criterion.
 
 The drained rows stay: the "0" database holds at most rounds x jobs terminal rows by the end. After the
 rounds: EXPLAIN (ANALYZE, BUFFERS) of the worker's claim (`job_claim`, 200 of a 1,000-job backlog) and
@@ -63,12 +75,14 @@ from _common import (
     write_report,
 )
 from apps import NOOP, registry
-from latency import drive, wait_for_listener
+from latency import drive_many, wait_for_listener
+from psycopg.conninfo import make_conninfo
 
 from taskq import sql
 from taskq.client import JobsClient
 
 APP = "benchmarks.apps:actors"
+QUEUE = "default"
 HISTORY_ACTOR = "bench.history"
 HISTORY_AGE = 3600.0
 """Seconds since the newest seeded job finished (5M at 10 ms apart reach 15 hours back: all inside the
@@ -97,7 +111,7 @@ SELECT (SELECT count(*) FROM taskq.jobs WHERE status IN ('pending', 'scheduled')
 """
 TABLES_SQL = """
 SELECT relname, n_live_tup, n_dead_tup, autovacuum_count, autoanalyze_count, vacuum_count,
-       pg_total_relation_size(relid), pg_indexes_size(relid)
+       pg_total_relation_size(relid), pg_indexes_size(relid), {autovacuum_ms}
 FROM pg_stat_user_tables WHERE schemaname = 'taskq' AND relname IN ('jobs', 'job_events', 'job_attempts')
 ORDER BY relname
 """
@@ -129,21 +143,38 @@ def worker_settings(args: argparse.Namespace) -> dict[str, Any]:
     return {"concurrency": args.concurrency, "claim_batch_size": args.claim_batch_size}
 
 
-async def enqueue_backlog(dsn: str, jobs: int, batch: int = 5_000) -> None:
+async def enqueue_backlog(dsn: str, jobs: int, batch: int = 5_000, *, hold: bool = False) -> None:
+    """`jobs` no-op jobs; with `hold`, their queue is then paused (`release` resumes it)."""
     client = await JobsClient.connect(dsn, registry=registry)
     try:
         for first in range(0, jobs, batch):
             await client.enqueue_many(NOOP, list(range(first, min(first + batch, jobs))))
+        if hold:
+            await client.pause_queue(QUEUE, reason="history.py: held until every worker listens", by="bench")
     finally:
         await client.close()
 
 
-def table_stats(conn: psycopg.Connection[Any]) -> dict[str, dict[str, int]]:
+async def release(dsn: str) -> None:
+    """Resume the held queue: every waiting worker hears it by NOTIFY at the same moment."""
+    client = await JobsClient.connect(dsn, registry=registry)
+    try:
+        await client.resume_queue(QUEUE, by="bench")
+    finally:
+        await client.close()
+
+
+def table_stats(conn: psycopg.Connection[Any]) -> dict[str, dict[str, Any]]:
+    """Per table; `autovacuum_s`: the time autovacuum spent on it so far, cost-delay sleeps included
+    (PostgreSQL 18's total_autovacuum_time; None before 18)."""
     conn.execute("SELECT pg_stat_clear_snapshot()")
+    query = TABLES_SQL.format(autovacuum_ms="total_autovacuum_time" if conn.info.server_version >= 180000
+                              else "NULL::float8")
     return {
         str(r[0]): {"live": int(r[1]), "dead": int(r[2]), "autovacuums": int(r[3]), "autoanalyzes": int(r[4]),
-                    "vacuums": int(r[5]), "total_bytes": int(r[6]), "index_bytes": int(r[7])}
-        for r in conn.execute(TABLES_SQL).fetchall()
+                    "vacuums": int(r[5]), "total_bytes": int(r[6]), "index_bytes": int(r[7]),
+                    "autovacuum_s": None if r[8] is None else float(r[8]) / 1000}
+        for r in conn.execute(query).fetchall()
     }
 
 
@@ -156,14 +187,19 @@ def drain(dsn: str, args: argparse.Namespace, server: ServerCpu, tag: str) -> di
         assert row is not None
         t0 = row[0]
         before = table_stats(conn)
-        asyncio.run(enqueue_backlog(dsn, args.jobs))
+        asyncio.run(enqueue_backlog(dsn, args.jobs, hold=True))
         logs = RESULTS_DIR / "logs"
         procs = [spawn_worker(dsn, APP, worker_settings(args), logs / f"history-{tag}-w{i}.log")
                  for i in range(args.workers)]
         pids = [p.pid for p in procs]
-        start = cpu_snapshot(pids, server)
         deadline = time.monotonic() + args.timeout
         try:
+            # The backlog waits behind a paused queue until every worker listens, so that all of them start
+            # on it together: a worker's boot (0.3-0.6 s of imports) is not in the window, and the window
+            # does not depend on which worker booted first.
+            wait_for_listener(dsn, workers=args.workers)
+            start = cpu_snapshot(pids, server)
+            asyncio.run(release(dsn))
             while (left := int((conn.execute(UNFINISHED_SQL).fetchone() or (0,))[0])) > 0:
                 if any(p.poll() is not None for p in procs):
                     raise RuntimeError(f"a worker exited early; see {logs}")
@@ -184,12 +220,14 @@ def drain(dsn: str, args: argparse.Namespace, server: ServerCpu, tag: str) -> di
     return {
         "succeeded": int(done), "jobs": int(total), "drain_s": float(drain_s or 0),
         "jobs_per_s": int(done) / float(drain_s) if drain_s else None,
-        # the window starts at the workers' spawn (their boot included): a figure to compare, not a floor
+        # from the release of the backlog to its last job: the workers' boot is not in it
         "worker_cpu_us_per_job": 1e6 * sum(cpu["processes_s"].values()) / max(1, int(done)),
         "server_cpu_us_per_job": 1e6 * (cpu["server_s"] or 0.0) / max(1, int(done)),
         "machine_busy_fraction": cpu["machine_busy_fraction"],
         "server_cpu_us_per_job_by_kind": {k: 1e6 * v / max(1, int(done)) for k, v in sorted(by_kind.items())},
         "autovacuums": {t: after[t]["autovacuums"] - before[t]["autovacuums"] for t in after},
+        "autovacuum_s": {t: None if after[t]["autovacuum_s"] is None
+                         else after[t]["autovacuum_s"] - before[t]["autovacuum_s"] for t in after},
     }
 
 
@@ -205,13 +243,16 @@ def settle(dsn: str, timeout: float = 600.0) -> None:
             time.sleep(1.0)
 
 
-def latency(dsn: str, args: argparse.Namespace, tag: str) -> dict[str, Any]:
-    proc = spawn_worker(dsn, APP, {}, RESULTS_DIR / "logs" / f"history-{tag}-latency.log")
+def latency(dsns: list[str], args: argparse.Namespace, tag: str) -> list[dict[str, Any]]:
+    """One idle worker per database, and `latency.drive_many` into all of them at once, job by job."""
+    procs = [spawn_worker(dsn, APP, {}, RESULTS_DIR / "logs" / f"history-{tag}-latency-{i}.log")
+             for i, dsn in enumerate(dsns)]
     try:
-        wait_for_listener(dsn)
-        return asyncio.run(drive(dsn, args.rate, args.latency_seconds))
+        for dsn in dsns:
+            wait_for_listener(dsn)
+        return asyncio.run(drive_many(dsns, args.rate, args.latency_seconds))
     finally:
-        stop_workers([proc])
+        stop_workers(procs)
 
 
 def explain(dsn: str) -> dict[str, Any]:
@@ -253,15 +294,16 @@ def _plan_summary(doc: list[dict[str, Any]]) -> dict[str, Any]:
 
 class VacuumWatch:
     """The vacuums that ran during a leg, on any database of the server: pg_stat_progress_vacuum sampled
-    every `every` seconds, counted per "database table" (a table of another database shows as its oid). On
-    two cores the vacuum of one level's big history tables competes with the leg it overlaps."""
+    every `every` seconds, counted per "database table" (the database without its taskq_bench_ prefix;
+    the table named at exit by a look-up in its own database). On two cores the vacuum of one level's
+    big history tables competes with the leg it overlaps."""
 
-    SQL = """SELECT p.datname || ' ' || coalesce((SELECT relname FROM pg_class WHERE oid = p.relid), p.relid::text)
-             FROM pg_stat_progress_vacuum AS p"""
+    SQL = "SELECT p.datname, p.relid FROM pg_stat_progress_vacuum AS p"
 
     def __init__(self, dsn: str, every: float = 0.25) -> None:
         self.dsn, self.every = dsn, every
         self.seen: dict[str, int] = {}
+        self._counts: dict[tuple[str, int], int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -272,24 +314,81 @@ class VacuumWatch:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(10)
+        self.seen = {f"{datname.removeprefix('taskq_bench_')} {table}": n
+                     for (datname, relid), n in self._counts.items()
+                     for table in [self._name(datname, relid)]}
 
     def _sample(self) -> None:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             while not self._stop.wait(self.every):
-                for (what,) in conn.execute(self.SQL).fetchall():
-                    key = str(what).removeprefix("taskq_bench_")
-                    self.seen[key] = self.seen.get(key, 0) + 1
+                for datname, relid in conn.execute(self.SQL).fetchall():
+                    key = (str(datname), int(relid))
+                    self._counts[key] = self._counts.get(key, 0) + 1
+
+    def _name(self, datname: str, relid: int) -> str:
+        try:
+            with psycopg.connect(make_conninfo(self.dsn, dbname=datname), autocommit=True) as conn:
+                row = conn.execute("SELECT %s::oid::regclass::text", (relid,)).fetchone()
+        except psycopg.Error:
+            return str(relid)
+        return str(row[0]) if row else str(relid)
+
+
+def jobs_vacuum_threshold(conn: psycopg.Connection[Any]) -> int:
+    """Dead rows of taskq.jobs after which autovacuum takes it (migration 14's reloption; PostgreSQL's
+    server default where none is set)."""
+    row = conn.execute(
+        "SELECT coalesce((SELECT option_value::int FROM pg_options_to_table("
+        "(SELECT reloptions FROM pg_class WHERE oid = 'taskq.jobs'::regclass))"
+        " WHERE option_name = 'autovacuum_vacuum_threshold'), current_setting('autovacuum_vacuum_threshold')::int)"
+    ).fetchone()
+    return int(row[0]) if row else 50
+
+
+def quiesce(dsns: list[str], timeout: float = 300.0) -> dict[str, Any]:
+    """Before a latency leg: wait until autovacuum has caught up with the drains just run (on every level,
+    `taskq.jobs` has fewer dead rows than its vacuum threshold) and no autovacuum worker runs on the
+    server. The latency leg then measures the hot path at light load, where a vacuum of `taskq.jobs`
+    comes once per threshold's worth of jobs (10,000 dead rows: ~100 s at 50 jobs/s), not the vacuums
+    that the benchmark's own 40,000-job drains set off on every level at once. Those vacuums are
+    measured too: the drains' `autovacuum_s`, and the tables' autovacuum time at the end."""
+    started = time.monotonic()
+    deadline = started + timeout
+    conns = [psycopg.connect(dsn, autocommit=True) for dsn in dsns]
+    try:
+        thresholds = [jobs_vacuum_threshold(conn) for conn in conns]
+        while True:
+            dead = []
+            for conn in conns:
+                conn.execute("SELECT pg_stat_clear_snapshot()")
+                row = conn.execute("SELECT n_dead_tup FROM pg_stat_user_tables"
+                                   " WHERE relid = 'taskq.jobs'::regclass").fetchone()
+                dead.append(int(row[0]) if row else 0)
+            workers = int((conns[0].execute("SELECT count(*) FROM pg_stat_activity"
+                                            " WHERE backend_type = 'autovacuum worker'").fetchone() or (0,))[0])
+            settled = workers == 0 and all(d < t for d, t in zip(dead, thresholds, strict=True))
+            if settled or time.monotonic() > deadline:
+                return {"waited_s": time.monotonic() - started, "settled": settled, "jobs_dead": dead,
+                        "autovacuum_workers": workers}
+            time.sleep(1.0)
+    finally:
+        for conn in conns:
+            conn.close()
 
 
 def history_mode(args: argparse.Namespace) -> None:
     levels = [int(v) for v in args.levels.split(",")]
     params = {"levels": levels, "rounds": args.rounds, "jobs": args.jobs, "workers": args.workers,
+              "freeze": args.freeze, "quiesce": args.quiesce,
               "concurrency": args.concurrency, "claim_batch_size": args.claim_batch_size,
               "latency_rate": args.rate, "latency_seconds": args.latency_seconds}
     info = machine()
     rounds: dict[int, list[dict[str, Any]]] = {n: [] for n in levels}
     seeded: dict[int, float] = {}
     finals: dict[int, dict[str, Any]] = {}
+    seeded_tables: dict[int, dict[str, dict[str, Any]]] = {}
+    seed_timings: dict[int, dict[str, float]] = {}
+    vacuum = "VACUUM (FREEZE, ANALYZE)" if args.freeze else "VACUUM ANALYZE"
     with contextlib.ExitStack() as stack:
         dsns = {n: stack.enter_context(bench_database(args.dsn, f"history{n}")) for n in levels}
         server_info = server_facts(dsns[levels[0]])
@@ -297,28 +396,47 @@ def history_mode(args: argparse.Namespace) -> None:
         for n in levels:
             if n:
                 print(f"seeding {n:,} terminal jobs", file=sys.stderr)
-                seeded[n] = seed_history(dsns[n], n, actor=HISTORY_ACTOR, newest_age_s=HISTORY_AGE, progress=True)
-                print(f"\n  {seeded[n]:,.0f} jobs/s (with events, attempts, VACUUM ANALYZE)", file=sys.stderr)
+                seed_timings[n] = {}
+                seeded[n] = seed_history(dsns[n], n, actor=HISTORY_ACTOR, newest_age_s=HISTORY_AGE, progress=True,
+                                         freeze=args.freeze, timings=seed_timings[n])
+                print(f"\n  {seeded[n]:,.0f} jobs/s (with events, attempts, {vacuum}; the vacuum took "
+                      f"{seed_timings[n]['vacuum_s']:.1f} s)", file=sys.stderr)
                 settle(dsns[n])
+        for n in levels:
+            with psycopg.connect(dsns[n], autocommit=True) as conn:
+                seeded_tables[n] = table_stats(conn)
         servers = {n: ServerCpu(dsns[n]) for n in levels}
         try:
             for r in range(args.rounds):
                 order = levels[r % len(levels):] + levels[:r % len(levels)]
+                drains: dict[int, dict[str, Any]] = {}
                 for n in order:
-                    tag = f"{n}-r{r + 1}"
                     load = machine()["loadavg"]
-                    d = drain(dsns[n], args, servers[n], tag)
-                    with VacuumWatch(dsns[n]) as vacuums:
-                        lat = latency(dsns[n], args, tag)
-                    lat["vacuum_samples"] = vacuums.seen
-                    rounds[n].append({"loadavg_before": load, "drain": d, "latency": lat})
+                    with VacuumWatch(dsns[n]) as drain_vacuums:
+                        d = drains[n] = drain(dsns[n], args, servers[n], f"{n}-r{r + 1}")
+                    d |= {"vacuum_samples": drain_vacuums.seen, "loadavg_before": load}
                     print(f"  round {r + 1}/{args.rounds}, {n:,} history: drain {d['jobs_per_s']:,.0f} jobs/s, "
                           f"PG {d['server_cpu_us_per_job']:.0f} µs/job "
                           f"({', '.join(f'{k} {v:.0f}' for k, v in d['server_cpu_us_per_job_by_kind'].items())}; "
-                          f"autovacuums {d['autovacuums']}); enqueue→start p50 "
-                          f"{lat['enqueue_to_start_ms']['p50']:.2f} ms p99 {lat['enqueue_to_start_ms']['p99']:.2f} ms"
-                          f" (load {load}; vacuums during it, 0.25 s samples: {vacuums.seen or 'none'})",
-                          file=sys.stderr)
+                          f"autovacuums {d['autovacuums']}; vacuums during it (0.25 s samples): "
+                          f"{d['vacuum_samples'] or 'none'})", file=sys.stderr)
+                quiet = quiesce([dsns[n] for n in levels]) if args.quiesce else None
+                load = machine()["loadavg"]
+                with VacuumWatch(dsns[levels[0]]) as vacuums:
+                    lats = latency([dsns[n] for n in levels], args, f"r{r + 1}")
+                for n, lat in zip(levels, lats, strict=True):
+                    lat |= {"vacuum_samples": vacuums.seen, "loadavg_before": load, "quiesce": quiet}
+                    rounds[n].append({"loadavg_before": drains[n]["loadavg_before"], "drain": drains[n],
+                                      "latency": lat})
+                print(f"  round {r + 1}/{args.rounds}, enqueue→start p50 / p99 (all levels at once): "
+                      + "; ".join(f"{n:,}: {lat['enqueue_to_start_ms']['p50']:.2f} / "
+                                  f"{lat['enqueue_to_start_ms']['p99']:.2f} ms"
+                                  for n, lat in zip(levels, lats, strict=True))
+                      + f" (load {load}; "
+                      + (f"after {quiet['waited_s']:.0f} s for the drains' vacuums"
+                         f"{'' if quiet['settled'] else ' (not settled: ' + str(quiet) + ')'}; " if quiet else "")
+                      + f"vacuums during it, 0.25 s samples: {vacuums.seen or 'none'})",
+                      file=sys.stderr)
         finally:
             for cpu in servers.values():
                 cpu.close()
@@ -333,8 +451,10 @@ def history_mode(args: argparse.Namespace) -> None:
         s["latency_p50_vs_empty"] = s["latency_p50_ms"] / base["latency_p50_ms"] - 1
         s["met"] = s["drain_vs_empty"] >= -MAX_SLOWDOWN and s["latency_p50_vs_empty"] <= MAX_SLOWDOWN
     report = header("history", params, info, server_info) | {
-        "machine_after": machine(), "seed_jobs_per_s": seeded, "summary": {str(n): s for n, s in summary.items()},
+        "machine_after": machine(), "seed_jobs_per_s": seeded, "seed_timings": seed_timings,
+        "summary": {str(n): s for n, s in summary.items()},
         "rounds": {str(n): rs for n, rs in rounds.items()}, "final": {str(n): f for n, f in finals.items()},
+        "tables_after_seed": {str(n): t for n, t in seeded_tables.items()},
     }
     print(f"\nhistory: {args.jobs:,} no-op jobs drained by {args.workers} workers, then {args.rate:g} jobs/s to one "
           f"idle worker, per level of terminal history; load average at start {info['loadavg']}, after "
@@ -356,10 +476,13 @@ def history_mode(args: argparse.Namespace) -> None:
           "yes" if s["met"] else "NO"]
          for n, s in summary.items()],
     )
-    print("\ntables at the end (dead tuples, autovacuum runs during the rounds, sizes)")
+    print("\ntables at the end (dead tuples, autovacuum runs since the database was made, seed included; "
+          "autovacuum time during the rounds; sizes)")
     print_table(
-        ["terminal jobs", "table", "live", "dead", "autovacuums", "total MB", "index MB"],
-        [[f"{n:,}", t, v["live"], v["dead"], v["autovacuums"], v["total_bytes"] / 2**20, v["index_bytes"] / 2**20]
+        ["terminal jobs", "table", "live", "dead", "autovacuums", "autovacuum s in rounds", "total MB", "index MB"],
+        [[f"{n:,}", t, v["live"], v["dead"], v["autovacuums"],
+          "n/a" if v["autovacuum_s"] is None else v["autovacuum_s"] - seeded_tables[n][t]["autovacuum_s"],
+          v["total_bytes"] / 2**20, v["index_bytes"] / 2**20]
          for n in levels for t, v in finals[n]["tables"].items()],
     )
     print(f"target: drain and enqueue→start p50 within {100 * MAX_SLOWDOWN:.0f} % of the empty table: "
@@ -491,8 +614,8 @@ def main() -> None:
     parser.add_argument("--dsn", default=None, help=DSN_HELP)
     parser.add_argument("--levels", default="0,1000000,5000000", help="terminal jobs per database; the first is "
                         "the reference")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds; each visits every level; medians")
-    parser.add_argument("--jobs", type=int, default=20_000, help="backlog drained per visit")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds; each visits every level; medians")
+    parser.add_argument("--jobs", type=int, default=40_000, help="backlog drained per visit")
     parser.add_argument("--workers", type=int, default=2, help="worker processes draining")
     parser.add_argument("--concurrency", type=int, default=500, help="worker --concurrency")
     parser.add_argument("--claim-batch-size", type=int, default=200, help="worker --claim-batch-size")
@@ -502,6 +625,11 @@ def main() -> None:
     parser.add_argument("--sustained", type=float, default=None, metavar="SECONDS",
                         help="run the sustained mode for this long instead")
     parser.add_argument("--timeout", type=float, default=600.0, help="give up on a drain after this long")
+    parser.add_argument("--no-freeze", dest="freeze", action="store_false",
+                        help="seed with VACUUM ANALYZE only: the history is left all-visible but not frozen")
+    parser.add_argument("--no-quiesce", dest="quiesce", action="store_false",
+                        help="start each latency leg right after the drains, while the vacuums they set off on "
+                        "every level may still be running (by default it waits for them: `quiesce`)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     if args.sustained:

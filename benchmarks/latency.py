@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -44,8 +45,8 @@ TARGET_P99_MS = 10.0
 WARMUP_JOBS = 20
 
 
-def wait_for_listener(dsn: str, timeout: float = 30.0) -> None:
-    """Until the worker has registered and its LISTEN connection is up."""
+def wait_for_listener(dsn: str, timeout: float = 30.0, workers: int = 1) -> None:
+    """Until `workers` workers have registered and their LISTEN connections are up."""
     deadline = time.monotonic() + timeout
     with psycopg.connect(dsn, autocommit=True) as conn:
         while time.monotonic() < deadline:
@@ -54,10 +55,10 @@ def wait_for_listener(dsn: str, timeout: float = 30.0) -> None:
                 " (SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
                 "  AND query LIKE 'LISTEN%%')"
             ).fetchone()
-            if row is not None and row[0] >= 1 and row[1] >= 1:
+            if row is not None and row[0] >= workers and row[1] >= workers:
                 return
             time.sleep(0.05)
-    raise RuntimeError("the worker did not start listening in time")
+    raise RuntimeError(f"{workers} worker(s) did not start listening in time")
 
 
 async def wait_all_done(client: JobsClient, ids: list[UUID], timeout: float = 30.0) -> None:
@@ -75,48 +76,71 @@ async def wait_all_done(client: JobsClient, ids: list[UUID], timeout: float = 30
 
 
 async def drive(dsn: str, rate: float, seconds: float) -> dict[str, Any]:
-    client = await JobsClient.connect(dsn, registry=registry, min_size=1, max_size=2)
+    return (await drive_many([dsn], rate, seconds))[0]
+
+
+async def drive_many(dsns: Sequence[str], rate: float, seconds: float) -> list[dict[str, Any]]:
+    """`rate` jobs/s into each database for `seconds`, one job per commit, all databases at once: one
+    producer task per database on its own schedule, the schedules staggered by 1 / (rate x databases)
+    so that the commits interleave. Each database's figures then come from the same seconds of the
+    machine's life, and what the machine does meanwhile (a checkpoint, a vacuum, another process) falls
+    on all of them alike; and one database's slow commit does not hold back the others' enqueues, as it
+    would if one loop took them in turn. Each database needs its own idle worker."""
+    clients = [await JobsClient.connect(dsn, registry=registry, min_size=1, max_size=2) for dsn in dsns]
     try:
-        warm = [(await client.enqueue(STAMP, time.time())).job_id for _ in range(WARMUP_JOBS)]
-        await wait_all_done(client, warm)
+        for client in clients:
+            warm = [(await client.enqueue(STAMP, time.time())).job_id for _ in range(WARMUP_JOBS)]
+            await wait_all_done(client, warm)
         await asyncio.sleep(0.5)
-        count = int(rate * seconds)
-        returned: dict[UUID, float] = {}
-        call_ms: list[float] = []
-        lateness: list[float] = []
         start = time.perf_counter() + 0.1
-        for i in range(count):
-            due = start + i / rate
-            delay = due - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            else:
-                lateness.append(-delay)
-            sent = time.time()
-            handle = await client.enqueue(STAMP, sent)
-            back = time.time()
-            returned[handle.job_id] = back
-            call_ms.append(1000 * (back - sent))
-        ids = list(returned)
-        await wait_all_done(client, ids)
-        async with client.backend.pool.connection() as conn:
-            cur = await conn.execute(
-                "SELECT id, payload::float8, result::float8,"
-                " extract(epoch FROM started_at - created_at) FROM taskq.jobs WHERE id = ANY(%s)", (ids,)
-            )
-            rows = await cur.fetchall()
+        runs = await asyncio.gather(*(
+            _produce(client, start + k / (rate * len(clients)), rate, int(rate * seconds))
+            for k, client in enumerate(clients)
+        ))
+        return [await _collect(client, *run) for client, run in zip(clients, runs, strict=True)]
     finally:
-        await client.close()
-    from_call = [1000 * (r[2] - r[1]) for r in rows]
-    from_commit = [1000 * (r[2] - returned[r[0]]) for r in rows]
-    claimed = [1000 * float(r[3]) for r in rows]
+        for client in clients:
+            await client.close()
+
+
+async def _produce(client: JobsClient, start: float, rate: float,
+                   count: int) -> tuple[dict[UUID, float], list[float], int]:
+    """`count` jobs on the schedule `start + i / rate`; returns when each enqueue returned, how long each
+    call took, and how many times the schedule was already past when a job was due."""
+    returned: dict[UUID, float] = {}
+    call_ms: list[float] = []
+    late = 0
+    for i in range(count):
+        delay = start + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        else:
+            late += 1
+        sent = time.time()
+        handle = await client.enqueue(STAMP, sent)
+        back = time.time()
+        returned[handle.job_id] = back
+        call_ms.append(1000 * (back - sent))
+    return returned, call_ms, late
+
+
+async def _collect(client: JobsClient, returned: dict[UUID, float], call_ms: list[float],
+                   late: int) -> dict[str, Any]:
+    ids = list(returned)
+    await wait_all_done(client, ids)
+    async with client.backend.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT id, payload::float8, result::float8,"
+            " extract(epoch FROM started_at - created_at) FROM taskq.jobs WHERE id = ANY(%s)", (ids,)
+        )
+        rows = await cur.fetchall()
     return {
         "jobs": len(rows),
-        "schedule_late_ticks": len(lateness),
-        "enqueue_to_start_ms": stats(from_call),
-        "commit_to_start_ms": stats(from_commit),
+        "schedule_late_ticks": late,
+        "enqueue_to_start_ms": stats([1000 * (r[2] - r[1]) for r in rows]),
+        "commit_to_start_ms": stats([1000 * (r[2] - returned[r[0]]) for r in rows]),
         "enqueue_call_ms": stats(call_ms),
-        "created_to_claimed_ms": stats(claimed),
+        "created_to_claimed_ms": stats([1000 * float(r[3]) for r in rows]),
     }
 
 
