@@ -244,7 +244,7 @@ def settle(dsn: str, timeout: float = 600.0) -> None:
 
 
 def latency(dsns: list[str], args: argparse.Namespace, tag: str) -> list[dict[str, Any]]:
-    """One idle worker per database, and `latency.drive_many` into all of them at once, job by job."""
+    """One idle worker per database, and `latency.drive_many` into all of them at once (a producer task each)."""
     procs = [spawn_worker(dsn, APP, {}, RESULTS_DIR / "logs" / f"history-{tag}-latency-{i}.log")
              for i, dsn in enumerate(dsns)]
     try:
