@@ -51,7 +51,6 @@ import asyncio
 import contextlib
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -74,9 +73,9 @@ from _common import (
     stop_workers,
     write_report,
 )
+from _vacuum import VacuumWatch, quiesce, settle, table_stats
 from apps import NOOP, registry
 from latency import drive_many, wait_for_listener
-from psycopg.conninfo import make_conninfo
 
 from taskq import sql
 from taskq.client import JobsClient
@@ -108,12 +107,6 @@ FROM pg_stat_activity WHERE datname = current_database() OR backend_type NOT IN 
 UNFINISHED_SQL = """
 SELECT (SELECT count(*) FROM taskq.jobs WHERE status IN ('pending', 'scheduled'))
        + (SELECT count(*) FROM taskq.jobs WHERE status = 'running')
-"""
-TABLES_SQL = """
-SELECT relname, n_live_tup, n_dead_tup, autovacuum_count, autoanalyze_count, vacuum_count,
-       pg_total_relation_size(relid), pg_indexes_size(relid), {autovacuum_ms}
-FROM pg_stat_user_tables WHERE schemaname = 'taskq' AND relname IN ('jobs', 'job_events', 'job_attempts')
-ORDER BY relname
 """
 SUSTAINED_SAMPLE_SQL = """
 SELECT (SELECT count(*) FROM taskq.jobs WHERE status IN ('pending', 'scheduled')),
@@ -162,20 +155,6 @@ async def release(dsn: str) -> None:
         await client.resume_queue(QUEUE, by="bench")
     finally:
         await client.close()
-
-
-def table_stats(conn: psycopg.Connection[Any]) -> dict[str, dict[str, Any]]:
-    """Per table; `autovacuum_s`: the time autovacuum spent on it so far, cost-delay sleeps included
-    (PostgreSQL 18's total_autovacuum_time; None before 18)."""
-    conn.execute("SELECT pg_stat_clear_snapshot()")
-    query = TABLES_SQL.format(autovacuum_ms="total_autovacuum_time" if conn.info.server_version >= 180000
-                              else "NULL::float8")
-    return {
-        str(r[0]): {"live": int(r[1]), "dead": int(r[2]), "autovacuums": int(r[3]), "autoanalyzes": int(r[4]),
-                    "vacuums": int(r[5]), "total_bytes": int(r[6]), "index_bytes": int(r[7]),
-                    "autovacuum_s": None if r[8] is None else float(r[8]) / 1000}
-        for r in conn.execute(query).fetchall()
-    }
 
 
 # -- history mode ---------------------------------------------------------------------------------
@@ -231,18 +210,6 @@ def drain(dsn: str, args: argparse.Namespace, server: ServerCpu, tag: str) -> di
     }
 
 
-def settle(dsn: str, timeout: float = 600.0) -> None:
-    """After a seed: flush its dirty pages (CHECKPOINT) and wait for any autovacuum of this database to end,
-    so that the rounds do not pay for the seed."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CHECKPOINT")
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and (conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                " AND backend_type = 'autovacuum worker'").fetchone() or (0,))[0]:
-            time.sleep(1.0)
-
-
 def latency(dsns: list[str], args: argparse.Namespace, tag: str) -> list[dict[str, Any]]:
     """One idle worker per database, and `latency.drive_many` into all of them at once (a producer task each)."""
     procs = [spawn_worker(dsn, APP, {}, RESULTS_DIR / "logs" / f"history-{tag}-latency-{i}.log")
@@ -290,90 +257,6 @@ def _plan_summary(doc: list[dict[str, Any]]) -> dict[str, Any]:
     return {"execution_ms": top.get("Execution Time"), "planning_ms": top.get("Planning Time"),
             "shared_hit": plan.get("Shared Hit Blocks"), "shared_read": plan.get("Shared Read Blocks"),
             "shared_dirtied": plan.get("Shared Dirtied Blocks"), "plan": doc}
-
-
-class VacuumWatch:
-    """The vacuums that ran during a leg, on any database of the server: pg_stat_progress_vacuum sampled
-    every `every` seconds, counted per "database table" (the database without its taskq_bench_ prefix;
-    the table named at exit by a look-up in its own database). On two cores the vacuum of one level's
-    big history tables competes with the leg it overlaps."""
-
-    SQL = "SELECT p.datname, p.relid FROM pg_stat_progress_vacuum AS p"
-
-    def __init__(self, dsn: str, every: float = 0.25) -> None:
-        self.dsn, self.every = dsn, every
-        self.seen: dict[str, int] = {}
-        self._counts: dict[tuple[str, int], int] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def __enter__(self) -> VacuumWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
-        self.seen = {f"{datname.removeprefix('taskq_bench_')} {table}": n
-                     for (datname, relid), n in self._counts.items()
-                     for table in [self._name(datname, relid)]}
-
-    def _sample(self) -> None:
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            while not self._stop.wait(self.every):
-                for datname, relid in conn.execute(self.SQL).fetchall():
-                    key = (str(datname), int(relid))
-                    self._counts[key] = self._counts.get(key, 0) + 1
-
-    def _name(self, datname: str, relid: int) -> str:
-        try:
-            with psycopg.connect(make_conninfo(self.dsn, dbname=datname), autocommit=True) as conn:
-                row = conn.execute("SELECT %s::oid::regclass::text", (relid,)).fetchone()
-        except psycopg.Error:
-            return str(relid)
-        return str(row[0]) if row else str(relid)
-
-
-def jobs_vacuum_threshold(conn: psycopg.Connection[Any]) -> int:
-    """Dead rows of taskq.jobs after which autovacuum takes it (migration 14's reloption; PostgreSQL's
-    server default where none is set)."""
-    row = conn.execute(
-        "SELECT coalesce((SELECT option_value::int FROM pg_options_to_table("
-        "(SELECT reloptions FROM pg_class WHERE oid = 'taskq.jobs'::regclass))"
-        " WHERE option_name = 'autovacuum_vacuum_threshold'), current_setting('autovacuum_vacuum_threshold')::int)"
-    ).fetchone()
-    return int(row[0]) if row else 50
-
-
-def quiesce(dsns: list[str], timeout: float = 300.0) -> dict[str, Any]:
-    """Before a latency leg: wait until autovacuum has caught up with the drains just run (on every level,
-    `taskq.jobs` has fewer dead rows than its vacuum threshold) and no autovacuum worker runs on the
-    server. The latency leg then measures the hot path at light load, where a vacuum of `taskq.jobs`
-    comes once per threshold's worth of jobs (10,000 dead rows: ~100 s at 50 jobs/s), not the vacuums
-    that the benchmark's own 40,000-job drains set off on every level at once. Those vacuums are
-    measured too: the drains' `autovacuum_s`, and the tables' autovacuum time at the end."""
-    started = time.monotonic()
-    deadline = started + timeout
-    conns = [psycopg.connect(dsn, autocommit=True) for dsn in dsns]
-    try:
-        thresholds = [jobs_vacuum_threshold(conn) for conn in conns]
-        while True:
-            dead = []
-            for conn in conns:
-                conn.execute("SELECT pg_stat_clear_snapshot()")
-                row = conn.execute("SELECT n_dead_tup FROM pg_stat_user_tables"
-                                   " WHERE relid = 'taskq.jobs'::regclass").fetchone()
-                dead.append(int(row[0]) if row else 0)
-            workers = int((conns[0].execute("SELECT count(*) FROM pg_stat_activity"
-                                            " WHERE backend_type = 'autovacuum worker'").fetchone() or (0,))[0])
-            settled = workers == 0 and all(d < t for d, t in zip(dead, thresholds, strict=True))
-            if settled or time.monotonic() > deadline:
-                return {"waited_s": time.monotonic() - started, "settled": settled, "jobs_dead": dead,
-                        "autovacuum_workers": workers}
-            time.sleep(1.0)
-    finally:
-        for conn in conns:
-            conn.close()
 
 
 def history_mode(args: argparse.Namespace) -> None:
@@ -428,14 +311,13 @@ def history_mode(args: argparse.Namespace) -> None:
                     lat |= {"vacuum_samples": vacuums.seen, "loadavg_before": load, "quiesce": quiet}
                     rounds[n].append({"loadavg_before": drains[n]["loadavg_before"], "drain": drains[n],
                                       "latency": lat})
-                print(f"  round {r + 1}/{args.rounds}, enqueue→start p50 / p99 (all levels at once): "
-                      + "; ".join(f"{n:,}: {lat['enqueue_to_start_ms']['p50']:.2f} / "
-                                  f"{lat['enqueue_to_start_ms']['p99']:.2f} ms"
-                                  for n, lat in zip(levels, lats, strict=True))
-                      + f" (load {load}; "
-                      + (f"after {quiet['waited_s']:.0f} s for the drains' vacuums"
-                         f"{'' if quiet['settled'] else ' (not settled: ' + str(quiet) + ')'}; " if quiet else "")
-                      + f"vacuums during it, 0.25 s samples: {vacuums.seen or 'none'})",
+                figures = "; ".join(f"{n:,}: {lat['enqueue_to_start_ms']['p50']:.2f} / "
+                                    f"{lat['enqueue_to_start_ms']['p99']:.2f} ms"
+                                    for n, lat in zip(levels, lats, strict=True))
+                waited = "" if quiet is None else (f"after {quiet['waited_s']:.0f} s for the drains' vacuums"
+                                                   f"{'' if quiet['settled'] else f' (not settled: {quiet})'}; ")
+                print(f"  round {r + 1}/{args.rounds}, enqueue→start p50 / p99 (all levels at once): {figures} "
+                      f"(load {load}; {waited}vacuums during it, 0.25 s samples: {vacuums.seen or 'none'})",
                       file=sys.stderr)
         finally:
             for cpu in servers.values():
