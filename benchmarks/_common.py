@@ -26,8 +26,8 @@ import psycopg
 from psycopg import sql as pgsql
 from psycopg.conninfo import make_conninfo
 
+from taskq.backend.migrations import migrate_dsn
 from taskq.dsn import redact_dsn, resolve_dsn
-from taskq.migrations import migrate_dsn
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent

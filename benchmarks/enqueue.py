@@ -33,9 +33,9 @@ from pydantic import BaseModel
 
 from taskq.actors.declaration import ActorRegistry, actor
 from taskq.backend import uuid7
+from taskq.backend.migrations import migrate_dsn
 from taskq.client import JobsClient
 from taskq.dsn import redact_dsn, resolve_dsn
-from taskq.migrations import migrate_dsn
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "enqueue.json"
 SINGLE_TARGET_RATIO = 0.80  # (a) must reach 80 % of (b)

@@ -50,9 +50,9 @@ from psycopg import sql as pgsql
 sys.path.insert(0, str(BENCH_DIR.parent / "tests" / "chaos"))
 from fleet_hosts import Fleet, Host, wait_connections_gone
 
+from taskq.backend.migrations import migrate_dsn
 from taskq.client import JobsClient
 from taskq.invariants import check_invariants
-from taskq.migrations import migrate_dsn
 
 APP = "benchmarks.apps:actors"
 POLL_INTERVAL = 0.25

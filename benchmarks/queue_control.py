@@ -59,8 +59,8 @@ from _common import (
 from apps import NOOP, STAMP, registry
 
 from taskq.backend import Backend
+from taskq.backend.workers import WorkerStore
 from taskq.client import JobsClient
-from taskq.worker.store import WorkerStore
 
 APP = "benchmarks.apps:actors"
 NEVER_BINDS = 1_000_000

@@ -36,8 +36,8 @@ from apps import NOOP, registry
 
 from taskq import sql
 from taskq.backend import Backend
+from taskq.backend.workers import Finish, WorkerStore
 from taskq.client import JobsClient
-from taskq.worker.store import Finish, WorkerStore
 
 APP = "benchmarks.apps:actors"
 CONFIGS: dict[str, dict[str, Any]] = {

@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from testkit import WebServer
 
 from taskq.backend import Backend
-from taskq.tokens import create_token
+from taskq.ops.tokens import create_token
 
 FILL_SQL = """
 INSERT INTO taskq.jobs (id, actor, queue, payload, status, tags, created_at, scheduled_at, started_at, finished_at,

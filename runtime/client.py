@@ -18,10 +18,10 @@ from pydantic import ConfigDict, TypeAdapter
 from pydantic_core import SchemaValidator, core_schema, from_json
 from typing_extensions import TypeVar
 
-from taskq import operations, queues, schedule_admin, tracing, workflows
+from taskq import tracing, workflows
 from taskq.actors.declaration import Actor, ActorRegistry, default_registry
 from taskq.backend import Backend, JobBatch, JobInsert, JobOptions, transaction_pooler_from_env, uuid7, uuid7_many
-from taskq.backend_queues import UNSET
+from taskq.backend.queues import UNSET
 from taskq.checks import as_job_id, check_text
 from taskq.dsn import resolve_dsn
 from taskq.exceptions import ConfigurationError, DependencyInvalid, JobFailed, PayloadInvalid, PayloadTooLarge
@@ -42,6 +42,9 @@ from taskq.models import (
     SchedulePauseResult,
     ScheduleTriggerResult,
 )
+from taskq.ops import jobs as job_ops
+from taskq.ops import queues as queue_ops
+from taskq.ops import schedules as schedule_ops
 from taskq.unique import batch_unique_keys, unique_of
 
 # The result type of a handle; Any when it cannot be known (a job enqueued by name). Without the
@@ -539,14 +542,14 @@ class JobsClient:
     async def cancel(self, job_id: UUID | str, reason: str | None = None) -> CancelResult:
         """Request cancellation (spec §2): pending/scheduled jobs end cancelled at once; a running job
         gets a cooperative request its worker acts on. KeyError if the job does not exist."""
-        return await operations.cancel_job(self.backend, job_id, reason)
+        return await job_ops.cancel_job(self.backend, job_id, reason)
 
     async def cancel_where(
         self, flt: JobFilter, reason: str | None = None, *, batch_size: int = 1000
     ) -> BulkCancelResult:
         """Cancel every matching unfinished job, in committed batches of `batch_size`. An empty filter
         is refused: say `JobFilter(unfinished=True)` to mean every job."""
-        return await operations.cancel_jobs_where(self.backend, flt, reason, batch_size=batch_size)
+        return await job_ops.cancel_jobs_where(self.backend, flt, reason, batch_size=batch_size)
 
     async def requeue(
         self, job_id: UUID | str, *, reason: str | None = None, attempts: int | None = None, cascade: bool = False
@@ -557,7 +560,7 @@ class JobsClient:
         nothing changes, `conflict_job_id` names it. KeyError if the job does not exist. `cascade`: the
         jobs the dependency cascade cancelled because of it (ParentFailed) wait for it again
         (`revived` lists them)."""
-        return await operations.requeue_job(
+        return await job_ops.requeue_job(
             self.backend, job_id, reason=reason, attempts=attempts, registry=self.registry, cascade=cascade
         )
 
@@ -568,12 +571,12 @@ class JobsClient:
         reason: str | None = None,
         attempts: int | None = None,
         batch_size: int = 1000,
-        progress: operations.Progress | None = None,
+        progress: job_ops.Progress | None = None,
         cascade: bool = False,
     ) -> BulkRequeueResult:
         """`requeue` every matching failed, crashed or abandoned job, in committed batches; counts by
         previous status, and the jobs left alone because their unique key is held (`conflicts`)."""
-        return await operations.requeue_jobs_where(
+        return await job_ops.requeue_jobs_where(
             self.backend, flt, reason=reason, attempts=attempts, registry=self.registry,
             batch_size=batch_size, progress=progress, cascade=cascade,
         )
@@ -590,39 +593,39 @@ class JobsClient:
         """The job's parents (their status now, and how each ended when its edge resolved) and children."""
         return await workflows.job_dependencies(self.backend, job_id)
 
-    # -- schedules (taskq.schedule_admin) ---------------------------------------------------------
+    # -- schedules (taskq.ops.schedules) ---------------------------------------------------------
 
     async def list_schedules(self) -> list[ScheduleInfo]:
-        return await schedule_admin.list_schedules(self.backend)
+        return await schedule_ops.list_schedules(self.backend)
 
     async def pause_schedule(self, name: str, *, by: str | None = None) -> SchedulePauseResult:
-        return await schedule_admin.pause_schedule(self.backend, name, by=by)
+        return await schedule_ops.pause_schedule(self.backend, name, by=by)
 
     async def resume_schedule(self, name: str) -> SchedulePauseResult:
-        return await schedule_admin.resume_schedule(self.backend, name)
+        return await schedule_ops.resume_schedule(self.backend, name)
 
     async def trigger_schedule(self, name: str) -> ScheduleTriggerResult:
-        return await schedule_admin.trigger_schedule(self.backend, name)
+        return await schedule_ops.trigger_schedule(self.backend, name)
 
-    # -- queues (taskq.queues) --------------------------------------------------------------------
+    # -- queues (taskq.ops.queues) --------------------------------------------------------------------
 
     async def queue_stats(self) -> QueueStatsReport:
-        return await queues.queue_stats(self.backend)
+        return await queue_ops.queue_stats(self.backend)
 
     async def pause_queue(self, name: str, *, reason: str | None = None, by: str | None = None) -> QueuePauseResult:
-        return await queues.pause_queue(self.backend, name, reason=reason, by=by)
+        return await queue_ops.pause_queue(self.backend, name, reason=reason, by=by)
 
     async def resume_queue(self, name: str, *, reason: str | None = None, by: str | None = None) -> QueuePauseResult:
-        return await queues.resume_queue(self.backend, name, reason=reason, by=by)
+        return await queue_ops.resume_queue(self.backend, name, reason=reason, by=by)
 
     async def set_queue_limits(
         self, name: str, *, concurrency: int | None = UNSET, concurrency_per_key: int | None = UNSET,
         rate_limit: int | None = UNSET, rate_period: float | None = UNSET, reason: str | None = None,
         by: str | None = None,
     ) -> QueueLimitsResult:
-        """Fleet-wide limits of a queue (`taskq.queues.set_queue_limits`): None removes a limit, one left
+        """Fleet-wide limits of a queue (`taskq.ops.queues.set_queue_limits`): None removes a limit, one left
         out is kept; a rate is `rate_limit` starts per `rate_period` seconds."""
-        return await queues.set_queue_limits(
+        return await queue_ops.set_queue_limits(
             self.backend, name, concurrency=concurrency, concurrency_per_key=concurrency_per_key,
             rate_limit=rate_limit, rate_period=rate_period, reason=reason, by=by,
         )

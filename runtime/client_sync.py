@@ -18,19 +18,11 @@ from uuid import UUID
 from psycopg import Connection
 from pydantic import TypeAdapter
 
-from taskq import (
-    operations,
-    operations_sync,
-    queues_sync,
-    schedule_admin_sync,
-    tracing,
-    workflows,
-    workflows_sync,
-)
+from taskq import tracing, workflows, workflows_sync
 from taskq.actors.declaration import Actor, ActorRegistry, default_registry
 from taskq.backend import JobBatch, JobInsert, transaction_pooler_from_env, uuid7_many
-from taskq.backend_queues import UNSET
-from taskq.backend_sync import SyncBackend
+from taskq.backend.core_sync import SyncBackend
+from taskq.backend.queues import UNSET
 from taskq.checks import as_job_id
 from taskq.client import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -60,6 +52,10 @@ from taskq.models import (
     SchedulePauseResult,
     ScheduleTriggerResult,
 )
+from taskq.ops import jobs as job_ops
+from taskq.ops import jobs_sync as job_ops_sync
+from taskq.ops import queues_sync as queue_ops_sync
+from taskq.ops import schedules_sync as schedule_ops_sync
 from taskq.unique import batch_unique_keys
 
 
@@ -393,12 +389,12 @@ class SyncJobsClient:
     def cancel(self, job_id: UUID | str, reason: str | None = None) -> CancelResult:
         """Request cancellation (spec §2): pending/scheduled jobs end cancelled at once; a running job
         gets a cooperative request its worker acts on. KeyError if the job does not exist."""
-        return operations_sync.cancel_job(self.backend, job_id, reason)
+        return job_ops_sync.cancel_job(self.backend, job_id, reason)
 
     def cancel_where(self, flt: JobFilter, reason: str | None = None, *, batch_size: int = 1000) -> BulkCancelResult:
         """Cancel every matching unfinished job, in committed batches of `batch_size`. An empty filter
         is refused: say `JobFilter(unfinished=True)` to mean every job."""
-        return operations_sync.cancel_jobs_where(self.backend, flt, reason, batch_size=batch_size)
+        return job_ops_sync.cancel_jobs_where(self.backend, flt, reason, batch_size=batch_size)
 
     def requeue(
         self, job_id: UUID | str, *, reason: str | None = None, attempts: int | None = None, cascade: bool = False
@@ -409,7 +405,7 @@ class SyncJobsClient:
         nothing changes, `conflict_job_id` names it. KeyError if the job does not exist. `cascade`: the
         jobs the dependency cascade cancelled because of it (ParentFailed) wait for it again
         (`revived` lists them)."""
-        return operations_sync.requeue_job(
+        return job_ops_sync.requeue_job(
             self.backend, job_id, reason=reason, attempts=attempts, registry=self.registry, cascade=cascade
         )
 
@@ -420,12 +416,12 @@ class SyncJobsClient:
         reason: str | None = None,
         attempts: int | None = None,
         batch_size: int = 1000,
-        progress: operations.Progress | None = None,
+        progress: job_ops.Progress | None = None,
         cascade: bool = False,
     ) -> BulkRequeueResult:
         """`requeue` every matching failed, crashed or abandoned job, in committed batches; counts by
         previous status, and the jobs left alone because their unique key is held (`conflicts`)."""
-        return operations_sync.requeue_jobs_where(
+        return job_ops_sync.requeue_jobs_where(
             self.backend,
             flt,
             reason=reason,
@@ -447,25 +443,25 @@ class SyncJobsClient:
         return workflows_sync.job_dependencies(self.backend, job_id)
 
     def list_schedules(self) -> list[ScheduleInfo]:
-        return schedule_admin_sync.list_schedules(self.backend)
+        return schedule_ops_sync.list_schedules(self.backend)
 
     def pause_schedule(self, name: str, *, by: str | None = None) -> SchedulePauseResult:
-        return schedule_admin_sync.pause_schedule(self.backend, name, by=by)
+        return schedule_ops_sync.pause_schedule(self.backend, name, by=by)
 
     def resume_schedule(self, name: str) -> SchedulePauseResult:
-        return schedule_admin_sync.resume_schedule(self.backend, name)
+        return schedule_ops_sync.resume_schedule(self.backend, name)
 
     def trigger_schedule(self, name: str) -> ScheduleTriggerResult:
-        return schedule_admin_sync.trigger_schedule(self.backend, name)
+        return schedule_ops_sync.trigger_schedule(self.backend, name)
 
     def queue_stats(self) -> QueueStatsReport:
-        return queues_sync.queue_stats(self.backend)
+        return queue_ops_sync.queue_stats(self.backend)
 
     def pause_queue(self, name: str, *, reason: str | None = None, by: str | None = None) -> QueuePauseResult:
-        return queues_sync.pause_queue(self.backend, name, reason=reason, by=by)
+        return queue_ops_sync.pause_queue(self.backend, name, reason=reason, by=by)
 
     def resume_queue(self, name: str, *, reason: str | None = None, by: str | None = None) -> QueuePauseResult:
-        return queues_sync.resume_queue(self.backend, name, reason=reason, by=by)
+        return queue_ops_sync.resume_queue(self.backend, name, reason=reason, by=by)
 
     def set_queue_limits(
         self,
@@ -478,9 +474,9 @@ class SyncJobsClient:
         reason: str | None = None,
         by: str | None = None,
     ) -> QueueLimitsResult:
-        """Fleet-wide limits of a queue (`taskq.queues.set_queue_limits`): None removes a limit, one left
+        """Fleet-wide limits of a queue (`taskq.ops.queues.set_queue_limits`): None removes a limit, one left
         out is kept; a rate is `rate_limit` starts per `rate_period` seconds."""
-        return queues_sync.set_queue_limits(
+        return queue_ops_sync.set_queue_limits(
             self.backend,
             name,
             concurrency=concurrency,

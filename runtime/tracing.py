@@ -45,7 +45,7 @@ def producer(queue: str, actor: str, job_id: UUID | None, count: int = 1,
 
 
 def consumer(job: Any, isolation: str) -> AbstractContextManager[Any]:
-    """A consumer span around one attempt of a claimed job (taskq.worker.store.ClaimedJob), current while
+    """A consumer span around one attempt of a claimed job (taskq.backend.workers.ClaimedJob), current while
     the actor runs; it gives an object whose `outcome(name, error_type)` records how the attempt ended and
     whose `traceparent()` is the span for later attempts to link to, or None when not tracing."""
     tracer = active()

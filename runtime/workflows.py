@@ -7,7 +7,7 @@ parent that ends other than succeeded cancels it at once (error_class ParentFail
 own terminal transaction, on every path that writes one (migration 7); this module only writes the jobs
 and their edges.
 
-The service functions here take a Backend (as taskq.operations does), so the async client, the sync
+The service functions here take a Backend (as taskq.ops.jobs does), so the async client, the sync
 client and the worker's `ctx.jobs.enqueue` share the checks and the SQL. `Workflow` is the builder behind
 `JobsClient.workflow()`: nodes are collected on the client (their ids made there), and written in order
 in one transaction when the `async with` block ends without an error, all or nothing. A node may depend
@@ -25,10 +25,10 @@ from uuid import UUID
 from psycopg import AsyncConnection
 from typing_extensions import TypeVar
 
-from taskq import backend_dependencies
 from taskq.backend import Backend, InsertedJob, JobBatch, JobInsert
-from taskq.backend_caller import check_caller_connection
-from taskq.backend_dependencies import DependencyEdge
+from taskq.backend import dependencies as dependency_store
+from taskq.backend.caller import check_caller_connection
+from taskq.backend.dependencies import DependencyEdge
 from taskq.checks import as_job_id
 from taskq.exceptions import ConfigurationError, DependencyInvalid
 
@@ -108,7 +108,7 @@ async def _insert_on(backend: Backend, conn: AsyncConnection[Any], g: GraphJob) 
         return await backend.job_insert_deferred(g.job, conn=conn)
     if g.job.unique_key is not None:
         raise DependencyInvalid("unique_key cannot be combined with depends_on")
-    written = await backend_dependencies.insert_dependent(conn, _batch_of(g.job), g.parent_ids, g.dependency_mode)
+    written = await dependency_store.insert_dependent(conn, _batch_of(g.job), g.parent_ids, g.dependency_mode)
     return InsertedJob(g.job, written.status, written.scheduled_at, written.schedule_to_close, written.created_at)
 
 
@@ -164,18 +164,18 @@ async def enqueue_many_dependent(
         check_caller_connection(conn, backend.database)
         async with conn.transaction():
             for batch in batches:
-                await backend_dependencies.insert_dependent(conn, batch, parent_ids, mode)
+                await dependency_store.insert_dependent(conn, batch, parent_ids, mode)
         return
     async with backend.pool.connection() as own, own.transaction():
         for batch in batches:
-            await backend_dependencies.insert_dependent(own, batch, parent_ids, mode)
+            await dependency_store.insert_dependent(own, batch, parent_ids, mode)
 
 
 async def job_dependencies(backend: Backend, job_id: UUID | str) -> list[DependencyEdge]:
     """The job's parents (with their status and how each edge resolved) and its children."""
     jid = as_job_id(job_id)
     async with backend.pool.connection() as conn:
-        return await backend_dependencies.dependencies(conn, jid)
+        return await dependency_store.dependencies(conn, jid)
 
 
 async def parent_results(backend: Backend, job_id: UUID, adapters: Any) -> dict[UUID, Any]:
@@ -183,7 +183,7 @@ async def parent_results(backend: Backend, job_id: UUID, adapters: Any) -> dict[
     its actor's result type when `adapters` (an ActorRegistry) knows the actor; None for a parent that did
     not succeed (mode on_any_terminal)."""
     async with backend.pool.connection() as conn:
-        rows = await backend_dependencies.parent_results(conn, job_id)
+        rows = await dependency_store.parent_results(conn, job_id)
     results: dict[UUID, Any] = {}
     for pid, actor_name, status, raw in rows:
         if status != "succeeded":

@@ -12,7 +12,7 @@ parent that ends other than succeeded cancels it at once (error_class ParentFail
 own terminal transaction, on every path that writes one (migration 7); this module only writes the jobs
 and their edges.
 
-The service functions here take a SyncBackend (as taskq.operations does), so the async client, the sync
+The service functions here take a SyncBackend (as taskq.ops.jobs does), so the async client, the sync
 client and the worker's `ctx.jobs.enqueue` share the checks and the SQL. `Workflow` is the builder behind
 `SyncJobsClient.workflow()`: nodes are collected on the client (their ids made there), and written in order
 in one transaction when the `with` block ends without an error, all or nothing. A node may depend
@@ -28,11 +28,11 @@ from uuid import UUID
 
 from psycopg import Connection
 
-from taskq import backend_dependencies_sync
 from taskq.backend import InsertedJob, JobBatch, JobInsert
-from taskq.backend_caller_sync import check_caller_connection
-from taskq.backend_dependencies import DependencyEdge
-from taskq.backend_sync import SyncBackend
+from taskq.backend import dependencies_sync as dependency_store_sync
+from taskq.backend.caller_sync import check_caller_connection
+from taskq.backend.core_sync import SyncBackend
+from taskq.backend.dependencies import DependencyEdge
 from taskq.checks import as_job_id
 from taskq.exceptions import DependencyInvalid
 
@@ -47,7 +47,7 @@ def _insert_on(backend: SyncBackend, conn: Connection[Any], g: GraphJob) -> Inse
         return backend.job_insert_deferred(g.job, conn=conn)
     if g.job.unique_key is not None:
         raise DependencyInvalid("unique_key cannot be combined with depends_on")
-    written = backend_dependencies_sync.insert_dependent(conn, _batch_of(g.job), g.parent_ids, g.dependency_mode)
+    written = dependency_store_sync.insert_dependent(conn, _batch_of(g.job), g.parent_ids, g.dependency_mode)
     return InsertedJob(g.job, written.status, written.scheduled_at, written.schedule_to_close, written.created_at)
 
 
@@ -94,18 +94,18 @@ def enqueue_many_dependent(
         check_caller_connection(conn, backend.database)
         with conn.transaction():
             for batch in batches:
-                backend_dependencies_sync.insert_dependent(conn, batch, parent_ids, mode)
+                dependency_store_sync.insert_dependent(conn, batch, parent_ids, mode)
         return
     with backend.pool.connection() as own, own.transaction():
         for batch in batches:
-            backend_dependencies_sync.insert_dependent(own, batch, parent_ids, mode)
+            dependency_store_sync.insert_dependent(own, batch, parent_ids, mode)
 
 
 def job_dependencies(backend: SyncBackend, job_id: UUID | str) -> list[DependencyEdge]:
     """The job's parents (with their status and how each edge resolved) and its children."""
     jid = as_job_id(job_id)
     with backend.pool.connection() as conn:
-        return backend_dependencies_sync.dependencies(conn, jid)
+        return dependency_store_sync.dependencies(conn, jid)
 
 
 def parent_results(backend: SyncBackend, job_id: UUID, adapters: Any) -> dict[UUID, Any]:
@@ -113,7 +113,7 @@ def parent_results(backend: SyncBackend, job_id: UUID, adapters: Any) -> dict[UU
     its actor's result type when `adapters` (an ActorRegistry) knows the actor; None for a parent that did
     not succeed (mode on_any_terminal)."""
     with backend.pool.connection() as conn:
-        rows = backend_dependencies_sync.parent_results(conn, job_id)
+        rows = dependency_store_sync.parent_results(conn, job_id)
     results: dict[UUID, Any] = {}
     for pid, actor_name, status, raw in rows:
         if status != "succeeded":

@@ -1,4 +1,4 @@
--- Queries used by the worker runtime (taskq.worker.store). Parameters are psycopg %(name)s.
+-- Queries used by the worker runtime (taskq.backend.workers). Parameters are psycopg %(name)s.
 -- Every write to a claimed row is fenced on (id, status='running', attempt, claim_epoch).
 
 -- name: worker_register
@@ -592,7 +592,7 @@ SELECT (SELECT count(*) FROM succ) AS succeeded,
        (SELECT count(*) FROM taskq.job_events AS e
         WHERE e.job_id IN (SELECT id FROM succ UNION ALL SELECT id FROM fail)) AS events;
 
--- ---- schedules (taskq.worker.schedule_store) ------------------------------------------------------
+-- ---- schedules (taskq.backend.schedules) ------------------------------------------------------
 
 -- name: schedule_known
 -- At start, before the upsert: the database's clock (next slots are computed from it, never from this

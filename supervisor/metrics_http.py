@@ -150,7 +150,7 @@ class HealthBoard:
 
 
 def _handler(metrics_dir: str, dsn: str, board: HealthBoard) -> type[BaseHTTPRequestHandler]:
-    from taskq.supervisor.store import ping
+    from taskq.backend.supervisor import ping
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "taskq"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from taskq.supervisor.store import reclaim_dead_worker
+from taskq.backend.supervisor import reclaim_dead_worker
 
 log = logging.getLogger("taskq.supervisor")
 

@@ -16,8 +16,8 @@ from psycopg import sql as pgsql
 from psycopg.conninfo import make_conninfo
 from testkit import PASSWORD_ROLE_PREFIX, PgBouncer
 
+from taskq.backend.migrations import migrate_dsn
 from taskq.client import JobsClient
-from taskq.migrations import migrate_dsn
 
 _SESSION_TAG = uuid.uuid4().hex[:8]
 

@@ -12,7 +12,7 @@ from typing import Any, cast
 
 from taskq.actors.declaration import ActorRegistry
 from taskq.backend import Backend
-from taskq.backend_sync import SyncBackend
+from taskq.backend.core_sync import SyncBackend
 from taskq.client import JobHandle, JobsClient
 from taskq.client_sync import SyncJobHandle, SyncJobsClient
 

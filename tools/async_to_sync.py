@@ -13,9 +13,9 @@ hand. This one works on the AST of each async module:
   constants) is imported from the async module, so the sync module holds no copy of it;
 - `async def`/`async with`/`async for`/`await` lose their async; `Awaitable[T]` becomes `T`;
 - names are mapped (MAPPED below, plus the converted names of MODULES): AsyncConnection -> Connection,
-  AsyncConnectionPool -> taskq.sync_pool.LazyConnectionPool (opened lazily per process), asyncio.sleep
-  -> time.sleep, Backend -> SyncBackend, JobsClient -> SyncJobsClient, `from taskq import operations` ->
-  operations_sync for what it converts, and so on;
+  AsyncConnectionPool -> taskq.backend.sync_pool.LazyConnectionPool (opened lazily per process), asyncio.sleep
+  -> time.sleep, Backend -> SyncBackend, JobsClient -> SyncJobsClient, `from taskq.ops import jobs` ->
+  jobs_sync for what it converts, and so on;
 - the result is unparsed (comments are not carried over: read them in the async module), its imports
   pruned and sorted and the code formatted with ruff, under a header saying it is generated.
 
@@ -48,31 +48,34 @@ class Module:
 
     @property
     def source(self) -> Path:
-        return ROOT / "runtime" / (self.name.removeprefix("taskq.") + ".py")
+        return ROOT / "runtime" / (self.name.removeprefix("taskq.").replace(".", "/") + ".py")
 
     @property
     def target(self) -> Path:
-        return ROOT / "runtime" / (self.sync_name.removeprefix("taskq.") + ".py")
+        return ROOT / "runtime" / (self.sync_name.removeprefix("taskq.").replace(".", "/") + ".py")
 
 
 MODULES = [
-    Module("taskq.backend_caller"),
-    Module("taskq.backend", {"Backend": "SyncBackend"}),
-    Module("taskq.backend_unique"),
-    Module("taskq.operations"),
-    Module("taskq.schedule_admin"),
-    Module("taskq.backend_dependencies"),
+    Module("taskq.backend.caller"),
+    Module("taskq.backend.core", {"Backend": "SyncBackend"}),
+    Module("taskq.backend.unique"),
+    Module("taskq.ops.jobs"),
+    Module("taskq.ops.schedules"),
+    Module("taskq.backend.dependencies"),
     Module("taskq.workflows"),
-    Module("taskq.backend_queues"),
-    Module("taskq.queues"),
+    Module("taskq.backend.queues"),
+    Module("taskq.ops.queues"),
     Module("taskq.client", {"JobsClient": "SyncJobsClient", "JobHandle": "SyncJobHandle"}),
 ]
+
+REEXPORTED = {"taskq.backend.core": "taskq.backend"}
+"""Modules whose names their package's __init__ re-exports (`from taskq.backend import Backend`)."""
 
 MAPPED: dict[tuple[str, str], tuple[str, str]] = {
     ("psycopg", "AsyncConnection"): ("psycopg", "Connection"),
     ("psycopg", "AsyncCursor"): ("psycopg", "Cursor"),
-    ("psycopg_pool", "AsyncConnectionPool"): ("taskq.sync_pool", "LazyConnectionPool"),
-    ("taskq.backend_notify", "EnqueueNotifier"): ("taskq.sync_pool", "SyncNotifier"),
+    ("psycopg_pool", "AsyncConnectionPool"): ("taskq.backend.sync_pool", "LazyConnectionPool"),
+    ("taskq.backend.notify", "EnqueueNotifier"): ("taskq.backend.sync_pool", "SyncNotifier"),
     ("contextlib", "asynccontextmanager"): ("contextlib", "contextmanager"),
     ("contextlib", "AbstractAsyncContextManager"): ("contextlib", "AbstractContextManager"),
     ("collections.abc", "AsyncIterator"): ("collections.abc", "Iterator"),
@@ -90,6 +93,8 @@ def _mapping(converted: dict[str, set[str]]) -> dict[tuple[str, str], tuple[str,
     for mod in MODULES:
         for name in converted.get(mod.name, ()):
             mapping[(mod.name, name)] = (mod.sync_name, mod.renames.get(name, name))
+            if mod.name in REEXPORTED:  # a name its package re-exports, imported from the package
+                mapping.setdefault((REEXPORTED[mod.name], name), (mod.sync_name, mod.renames.get(name, name)))
     return mapping
 
 
@@ -254,8 +259,12 @@ class ToSync(ast.NodeTransformer):
         if module == self.scope.modules[node.value.id]:
             return ast.copy_location(ast.Attribute(value=node.value, attr=name, ctx=node.ctx), node)
         parent, _, last = module.rpartition(".")
-        if not any(m.sync_name == module for m in MODULES):  # those are imported beside their async module
-            self.extra_imports.add((parent, last))
+        if any(m.sync_name == module for m in MODULES):  # imported beside its async module, under its local name
+            local = f"{node.value.id}_sync" if module == self.scope.modules[node.value.id] + "_sync" else last
+            return ast.copy_location(
+                ast.Attribute(value=ast.Name(id=local, ctx=ast.Load()), attr=name, ctx=node.ctx), node
+            )
+        self.extra_imports.add((parent, last))
         return ast.copy_location(ast.Attribute(value=ast.Name(id=last, ctx=ast.Load()), attr=name, ctx=node.ctx), node)
 
     def visit_Subscript(self, node: ast.Subscript) -> ast.expr:
@@ -288,7 +297,8 @@ class ToSync(ast.NodeTransformer):
             else:
                 kept.append(alias)
                 if any(m.name == f"{module}.{alias.name}" for m in MODULES):
-                    moved.setdefault(module, []).append(ast.alias(name=alias.name + "_sync"))
+                    asname = alias.asname + "_sync" if alias.asname else None
+                    moved.setdefault(module, []).append(ast.alias(name=alias.name + "_sync", asname=asname))
         out: list[ast.stmt] = []
         if kept:
             out.append(ast.ImportFrom(module=module, names=kept, level=0))

@@ -1,5 +1,5 @@
 """The operator writes of the web API and the dashboard, framework-free: each wraps the one service
-function of its action (taskq.operations, taskq.schedule_admin, taskq.queues, the client's enqueue checks) in ONE
+function of its action (taskq.ops.jobs, taskq.ops.schedules, taskq.ops.queues, the client's enqueue checks) in ONE
 transaction with the permission check, the idempotency receipt, the `expected_revision` check and the
 audit rows, so that all of them commit together or not at all.
 
@@ -20,13 +20,15 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
-from taskq import operations, queues, schedule_admin
 from taskq.actors.declaration import ActorRegistry
 from taskq.backend import Backend, JobInsert
-from taskq.backend_web import AuditEntry, Tx, audit, fetch_all, fetch_one, jobs, transaction
+from taskq.backend.web import AuditEntry, Tx, audit, fetch_all, fetch_one, jobs, transaction
 from taskq.exceptions import QueueNotFound, ScheduleNotFound
 from taskq.models import JobFilter, JobRow, JobStatus
-from taskq.tokens import Principal
+from taskq.ops import jobs as job_ops
+from taskq.ops import queues as queue_ops
+from taskq.ops import schedules as schedule_ops
+from taskq.ops.tokens import Principal
 from taskq.web.problems import Problem, forbidden, not_found, problem_body
 
 BULK_LIMIT = 1000
@@ -126,7 +128,7 @@ async def cancel(
         stale = await _revision_conflict(tx, caller, "jobs:cancel", row, expected_revision, reason)
         if stale is not None:
             return stale
-        result = await operations.cancel_job(tx.backend, job_id, reason)
+        result = await job_ops.cancel_job(tx.backend, job_id, reason)
         after = await _locked(tx, job_id)
         entry = caller.entry("jobs:cancel", reason=reason, expected_revision=expected_revision)
         if not result.cancellation_initiated:
@@ -155,7 +157,7 @@ async def requeue(
         stale = await _revision_conflict(tx, caller, "jobs:requeue", row, expected_revision, reason)
         if stale is not None:
             return stale
-        result = await operations.requeue_job(tx.backend, job_id, reason=reason, attempts=attempts,
+        result = await job_ops.requeue_job(tx.backend, job_id, reason=reason, attempts=attempts,
                                               registry=registry)
         after = await _locked(tx, job_id)
         entry = caller.entry("jobs:requeue", reason=reason, expected_revision=expected_revision)
@@ -217,7 +219,7 @@ async def bulk_cancel(backend: Backend, caller: Caller, flt: JobFilter, *, reaso
         targets, more = await _bulk_targets(tx, caller, "jobs:cancel", flt, CANCELLABLE, limit)
         if not targets:
             return Outcome(200, {"matched": 0, "by_previous_status": {}, "job_ids": [], "more": more})
-        result = await operations.cancel_jobs_where(tx.backend, JobFilter(ids=tuple(r.id for r in targets)),
+        result = await job_ops.cancel_jobs_where(tx.backend, JobFilter(ids=tuple(r.id for r in targets)),
                                                     reason, batch_size=len(targets))
         after = await tx.backend.job_list(JobFilter(ids=result.job_ids), limit=max(1, len(result.job_ids)))
         await audit(tx.conn, caller.entry("jobs:cancel", reason=reason, detail={"bulk": True}),
@@ -239,7 +241,7 @@ async def bulk_requeue(backend: Backend, caller: Caller, flt: JobFilter, *, reas
         if not targets:
             return Outcome(200, {"matched": 0, "by_previous_status": {}, "job_ids": [], "conflicts": {},
                                  "more": more})
-        result = await operations.requeue_jobs_where(
+        result = await job_ops.requeue_jobs_where(
             tx.backend, JobFilter(ids=tuple(r.id for r in targets)), reason=reason, attempts=attempts,
             registry=registry, batch_size=len(targets))
         after = await tx.backend.job_list(JobFilter(ids=result.job_ids), limit=max(1, len(result.job_ids)))
@@ -258,20 +260,20 @@ async def schedule_action(backend: Backend, caller: Caller, name: str, verb: str
 
     async def body(tx: Tx) -> Outcome:
         try:
-            info = await schedule_admin.get_schedule(tx.backend, name)
+            info = await schedule_ops.get_schedule(tx.backend, name)
         except ScheduleNotFound:
             raise not_found(f"schedule named {name!r}") from None
         if not caller.principal.may("schedules:write", info.queue):
             raise forbidden("schedules:write", info.queue)
         entry = caller.entry(f"schedules:{verb}", schedule=name)
         if verb == "trigger":
-            made = await schedule_admin.trigger_schedule(tx.backend, name)
+            made = await schedule_ops.trigger_schedule(tx.backend, name)
             await audit(tx.conn, entry, [(made.job_id, info.queue, 1, "triggered")])
             return Outcome(200, made.model_dump(mode="json"))
         if verb == "pause":
-            done = await schedule_admin.pause_schedule(tx.backend, name, by=caller.principal.name)
+            done = await schedule_ops.pause_schedule(tx.backend, name, by=caller.principal.name)
         else:
-            done = await schedule_admin.resume_schedule(tx.backend, name)
+            done = await schedule_ops.resume_schedule(tx.backend, name)
         await audit(tx.conn, entry, [(None, info.queue, None, ("paused" if done.paused else "resumed")
                                       if done.changed else "unchanged")])
         return Outcome(200, done.model_dump(mode="json"))
@@ -287,7 +289,7 @@ async def queue_action(backend: Backend, caller: Caller, name: str, verb: str, *
         raise forbidden("queues:write", name)
 
     async def body(tx: Tx) -> Outcome:
-        change = queues.pause_queue if verb == "pause" else queues.resume_queue
+        change = queue_ops.pause_queue if verb == "pause" else queue_ops.resume_queue
         try:
             done = await change(tx.backend, name, reason=reason, by=caller.principal.name)
         except QueueNotFound:
@@ -313,7 +315,7 @@ async def queue_limit(backend: Backend, caller: Caller, name: str, change: dict[
         raise forbidden("queues:write", name)
 
     async def body(tx: Tx) -> Outcome:
-        done = await queues.set_queue_limits(tx.backend, name, reason=reason, by=caller.principal.name,
+        done = await queue_ops.set_queue_limits(tx.backend, name, reason=reason, by=caller.principal.name,
                                              **{k: change[k] for k in LIMIT_FIELDS if k in change})
         await audit(tx.conn, caller.entry("queues:limit", reason=reason, detail={"change": change}),
                     [(None, name, None, "limited")])

@@ -20,8 +20,8 @@ from starlette.routing import BaseRoute, Route
 from taskq.actors.declaration import default_registry
 from taskq.client import DEFAULT_MAX_PAYLOAD_BYTES, prepare_insert
 from taskq.exceptions import ConfigurationError, DatabaseUnavailable, PayloadInvalid
-from taskq.queues import check_queue_name
-from taskq.tokens import Principal
+from taskq.ops.queues import check_queue_name
+from taskq.ops.tokens import Principal
 from taskq.web import actions, reads
 from taskq.web.actions import BULK_LIMIT, Caller, Outcome
 from taskq.web.problems import PROBLEM_TYPE, Problem, bad_request, forbidden, problem_body
@@ -71,7 +71,7 @@ class QueueBody(_Body):
 
 class LimitBody(_Body):
     """POST /queues/{name}:limit: each limit given is set (null removes it), each left out is kept. The
-    values are checked by taskq.queues, as for `taskq queue limit` (whole numbers >= 1; a rate needs its
+    values are checked by taskq.ops.queues, as for `taskq queue limit` (whole numbers >= 1; a rate needs its
     period, a finite number of seconds > 0 and at most a year)."""
 
     concurrency: StrictInt | None = None

@@ -27,8 +27,8 @@ from starlette.routing import BaseRoute, Route
 from taskq.actors.declaration import default_registry
 from taskq.exceptions import ConfigurationError, DatabaseUnavailable
 from taskq.models import JobStatus, QueueLimits
-from taskq.queues import check_queue_name
-from taskq.tokens import Principal
+from taskq.ops.queues import check_queue_name
+from taskq.ops.tokens import Principal
 from taskq.web import actions, reads
 from taskq.web.actions import BULK_LIMIT, Caller, Outcome
 from taskq.web.api import state_of
@@ -352,7 +352,7 @@ LIMIT_INPUTS = {"concurrency": int, "concurrency_per_key": int, "rate_limit": in
 
 def _limit_change(form: FormData) -> tuple[dict[str, Any], dict[str, str]]:
     """The limits a form sets: an empty field keeps its limit, `none` removes it, anything else is a
-    number (checked again by taskq.queues, as for the API)."""
+    number (checked again by taskq.ops.queues, as for the API)."""
     change: dict[str, Any] = {}
     raw: dict[str, str] = {}
     for field, kind in LIMIT_INPUTS.items():

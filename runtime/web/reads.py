@@ -11,15 +11,17 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from taskq import backend_dependencies, backend_web, schedule_admin
 from taskq.backend import Backend
-from taskq.backend_dependencies import DependencyEdge
-from taskq.backend_web import JobPage, fetch_all
+from taskq.backend import dependencies as dependency_store
+from taskq.backend import web as web_store
+from taskq.backend.dependencies import DependencyEdge
+from taskq.backend.web import JobPage, fetch_all
 from taskq.checks import check_text
 from taskq.exceptions import ConfigurationError
 from taskq.models import JobFilter, JobRow, JobStatus, QueueLimits
+from taskq.ops import schedules as schedule_ops
+from taskq.ops.tokens import Principal
 from taskq.settings import WorkerSettings
-from taskq.tokens import Principal
 from taskq.web.problems import Problem, bad_request, forbidden, not_found
 
 if TYPE_CHECKING:
@@ -135,7 +137,7 @@ async def job_page(backend: Backend, who: Principal, query: Mapping[str, Sequenc
     after = decode_cursor(cursor[-1]) if cursor and cursor[-1] else None
     params |= {"readable": who.readable("jobs:read"), "uncancelled": False, "after_at": after[0] if after else None,
                "after_id": after[1] if after else None}
-    return await backend_web.job_page(backend, params, page_limit(query))
+    return await web_store.job_page(backend, params, page_limit(query))
 
 
 async def readable_job(backend: Backend, who: Principal, job_id: UUID) -> JobRow:
@@ -157,8 +159,8 @@ async def job_detail(backend: Backend, who: Principal, job_id: UUID) -> dict[str
     events = await backend.job_events(job_id)
     attempts = await backend.job_attempts(job_id)
     async with backend.pool.connection() as conn:
-        edges = await backend_dependencies.dependencies(conn, job_id)
-    spawned = await backend_web.jobs(backend, "job_children", {"id": job_id, "limit": DETAIL_CHILDREN})
+        edges = await dependency_store.dependencies(conn, job_id)
+    spawned = await web_store.jobs(backend, "job_children", {"id": job_id, "limit": DETAIL_CHILDREN})
     audit = await fetch_all(backend, "audit_for_job", {"id": job_id})
     ladder = (await cancel_ladders(backend, [row]))[0] if row.cancel_requested_at is not None else None
     readable = await _readable_ids(backend, who, [e.job_id for e in edges])
@@ -239,7 +241,7 @@ async def cancel_ladders(backend: Backend, rows: list[JobRow], cancellation_grac
 async def cancellations(backend: Backend, who: Principal, limit: int = 500) -> list[JobRow]:
     if not who.may("jobs:read"):
         raise forbidden("jobs:read", None)
-    return await backend_web.jobs(backend, "jobs_cancelling", {"readable": who.readable(), "limit": limit})
+    return await web_store.jobs(backend, "jobs_cancelling", {"readable": who.readable(), "limit": limit})
 
 
 async def workers(backend: Backend, who: Principal) -> list[dict[str, Any]]:
@@ -248,7 +250,7 @@ async def workers(backend: Backend, who: Principal) -> list[dict[str, Any]]:
         raise forbidden("workers:read", None)
     rows = [r for r in await fetch_all(backend, "workers_list") if any(who.may("workers:read", q) for q in r["queues"])]
     for r in rows:
-        held = await backend_web.jobs(backend, "worker_held_jobs", {"id": r["id"], "limit": HELD_SHOWN})
+        held = await web_store.jobs(backend, "worker_held_jobs", {"id": r["id"], "limit": HELD_SHOWN})
         r["held_jobs"] = [{"id": str(j.id), "actor": j.actor, "cancel_phase": j.cancel_phase,
                            "lock_expires_at": j.lock_expires_at.isoformat() if j.lock_expires_at else None}
                           for j in held if who.may("jobs:read", j.queue)]
@@ -258,7 +260,7 @@ async def workers(backend: Backend, who: Principal) -> list[dict[str, Any]]:
 async def schedules(backend: Backend, who: Principal) -> list[dict[str, Any]]:
     if not who.may("schedules:read"):
         raise forbidden("schedules:read", None)
-    return [s.model_dump(mode="json") for s in await schedule_admin.list_schedules(backend)
+    return [s.model_dump(mode="json") for s in await schedule_ops.list_schedules(backend)
             if who.may("schedules:read", s.queue)]
 
 

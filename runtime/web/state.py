@@ -12,7 +12,7 @@ from typing import Any
 from taskq.actors.declaration import ActorRegistry
 from taskq.backend import Backend
 from taskq.dsn import resolve_dsn
-from taskq.tokens import ANONYMOUS, Principal, authenticate, hash_token
+from taskq.ops.tokens import ANONYMOUS, Principal, authenticate, hash_token
 
 TOKEN_CACHE_SECONDS = 5.0
 """A revoked token stops working within this long (each web process re-reads a token at most this often)."""

@@ -15,10 +15,10 @@ from uuid import UUID
 
 from psycopg import AsyncConnection
 
+from taskq.backend.workers import HeldRow
 from taskq.metrics import cancellation_phase_transition
 from taskq.models import CancelMarker, CancelOrigin, CancelPhase
 from taskq.worker.registry import ActiveJob
-from taskq.worker.store import HeldRow
 
 if TYPE_CHECKING:
     from taskq.worker.main import Worker

@@ -7,9 +7,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from taskq.backend.workers import ClaimedJob, Finish, WorkerStore
 from taskq.metrics import STALE_WRITES
 from taskq.models import CancelMarker
-from taskq.worker.store import ClaimedJob, Finish, WorkerStore
 
 log = logging.getLogger("taskq.worker")
 

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 from taskq import tracing, workflows
 from taskq.actors.declaration import Actor
 from taskq.actors.executors import Executor
+from taskq.backend.workers import RETRY, ClaimedJob, Finish
 from taskq.client import JobHandle, encode_payload, prepare_insert
 from taskq.context import JobContext
 from taskq.exceptions import DependencyInvalid, PayloadInvalid, ResultInvalid, Snooze
 from taskq.metrics import JOB_DURATION, JOBS_COMPLETED, JOBS_SNOOZED
 from taskq.models import CancelMarker, CancelOrigin, CancelPhase, JobRow, JobStatus
 from taskq.worker.registry import ActiveJob
-from taskq.worker.store import RETRY, ClaimedJob, Finish
 
 if TYPE_CHECKING:
     from taskq.worker.main import Worker

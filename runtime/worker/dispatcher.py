@@ -12,13 +12,13 @@ import psycopg
 
 from taskq import sql
 from taskq.backend import CANCEL_CHANNEL, JOBS_CHANNEL
-from taskq.backend_queues import QUEUES_CHANNEL
+from taskq.backend.queues import QUEUES_CHANNEL
 from taskq.metrics import JOBS_CLAIMED, JOBS_IN_FLIGHT, LIMITED_CLAIMS
 from taskq.worker.resolver import SETTLE_CHANNEL
 
 if TYPE_CHECKING:
+    from taskq.backend.workers import ClaimedJob
     from taskq.worker.main import Worker
-    from taskq.worker.store import ClaimedJob
 
 log = logging.getLogger("taskq.dispatcher")
 

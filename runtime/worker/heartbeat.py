@@ -13,8 +13,8 @@ from uuid import UUID
 
 from psycopg import AsyncConnection
 
+from taskq.backend.workers import HeldRow
 from taskq.metrics import JOBS_IN_FLIGHT, heartbeat_failures, heartbeat_tick
-from taskq.worker.store import HeldRow
 
 if TYPE_CHECKING:
     from taskq.worker.main import Worker

@@ -17,6 +17,8 @@ from typing import Any
 from taskq.actors.declaration import Actor, ActorRegistry, as_registry
 from taskq.actors.executors import AsyncioExecutor, Executor, ThreadExecutor
 from taskq.backend import Backend
+from taskq.backend.schedules import ScheduleStore
+from taskq.backend.workers import ClaimedJob, WorkerStore
 from taskq.dsn import resolve_dsn
 from taskq.logs import JobLines
 from taskq.metrics import LEAKED_THREADS, SHUTDOWN_JOBS, STALE_WRITES
@@ -33,9 +35,7 @@ from taskq.worker.pruner import Pruner
 from taskq.worker.queue_control import QueueControl
 from taskq.worker.registry import ActiveJob, ActiveJobRegistry
 from taskq.worker.resolver import Resolver
-from taskq.worker.schedule_store import ScheduleStore
 from taskq.worker.scheduler import Scheduler
-from taskq.worker.store import ClaimedJob, WorkerStore
 from taskq.worker.sweeper import Sweeper
 
 log = logging.getLogger("taskq.worker")

@@ -10,11 +10,11 @@ import asyncio
 import logging
 import random
 
+from taskq.backend.workers import WorkerStore
 from taskq.metrics import ROWS_PRUNED
 from taskq.models import PruneResult
-from taskq.retention import keep_windows, prune
+from taskq.ops.retention import keep_windows, prune
 from taskq.settings import WorkerSettings
-from taskq.worker.store import WorkerStore
 
 log = logging.getLogger("taskq.pruner")
 

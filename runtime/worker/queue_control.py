@@ -12,8 +12,8 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
+from taskq.backend.workers import QueueControlRead, WorkerStore
 from taskq.metrics import QUEUE_LIMIT, QUEUE_PAUSED
-from taskq.worker.store import QueueControlRead, WorkerStore
 
 log = logging.getLogger("taskq.worker")
 

@@ -13,8 +13,8 @@ from taskq.models import CancelOrigin, CancelPhase
 if TYPE_CHECKING:
     from taskq.actors.declaration import Actor
     from taskq.actors.executors import Executor
+    from taskq.backend.workers import ClaimedJob
     from taskq.context import JobContext
-    from taskq.worker.store import ClaimedJob
 
 
 @dataclass(eq=False)

@@ -10,9 +10,9 @@ import random
 import time
 from collections.abc import Sequence
 
+from taskq.backend.schedules import DueRead, Fire, ScheduleStore
 from taskq.metrics import SCHEDULE_SLOTS, SCHEDULE_TICK
 from taskq.schedules import Schedule, plan_tick
-from taskq.worker.schedule_store import DueRead, Fire, ScheduleStore
 
 log = logging.getLogger("taskq.scheduler")
 

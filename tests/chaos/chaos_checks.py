@@ -15,8 +15,8 @@ from uuid import UUID
 import psycopg
 from psycopg.types.json import Jsonb
 
+from taskq.backend.migrations import migrate_dsn
 from taskq.invariants import InvariantReport, check_invariants
-from taskq.migrations import migrate_dsn
 
 FUTURE_TAG = "chaos-future"
 TERMINAL = ("succeeded", "failed", "cancelled", "crashed", "abandoned")

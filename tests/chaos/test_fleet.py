@@ -21,8 +21,8 @@ from fleet_hosts import Fleet, netns_available, wait_connections_gone
 from testkit import query, wait_until
 
 from taskq import JobsClient
+from taskq.backend.migrations import migrate_dsn
 from taskq.invariants import check_invariants
-from taskq.migrations import migrate_dsn
 
 APPS = Path(__file__).resolve().parent.parent / "apps"
 JOBS = 300

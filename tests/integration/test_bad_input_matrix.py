@@ -672,7 +672,7 @@ def scram_dsn(scram_server: ScramServer) -> Iterator[str]:
         conn.execute(pgsql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(
             pgsql.Identifier(name), pgsql.Identifier(PW_ROLE)))
     db_dsn = make_conninfo(scram_server.admin, dbname=name)
-    from taskq.migrations import migrate_dsn
+    from taskq.backend.migrations import migrate_dsn
 
     asyncio.run(migrate_dsn(db_dsn))
     yield db_dsn

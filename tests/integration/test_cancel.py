@@ -15,10 +15,10 @@ from psycopg import AsyncConnection
 
 from taskq import sql
 from taskq.backend import Backend
+from taskq.backend.workers import WorkerStore
 from taskq.client import JobHandle, JobsClient
 from taskq.exceptions import ConfigurationError
 from taskq.models import CancelMarker, JobEvent, JobFilter, JobRow, JobStatus
-from taskq.worker.store import WorkerStore
 
 TERMINAL = ["succeeded", "failed", "cancelled", "crashed", "abandoned"]
 

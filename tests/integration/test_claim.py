@@ -13,7 +13,7 @@ from testkit import running_worker, wait_for
 from taskq import JobsClient
 from taskq.actors.declaration import ActorRegistry, actor
 from taskq.backend import Backend
-from taskq.worker.store import WorkerStore
+from taskq.backend.workers import WorkerStore
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,9 +15,9 @@ from psycopg import AsyncConnection
 from pydantic import BaseModel, ValidationError
 
 from taskq.actors.declaration import ActorRegistry, actor
+from taskq.backend.migrations import migrate_dsn
 from taskq.client import DEFAULT_MAX_PAYLOAD_BYTES, JobsClient
 from taskq.exceptions import ConfigurationError, DatabaseUnavailable, PayloadInvalid, PayloadTooLarge
-from taskq.migrations import migrate_dsn
 from taskq.models import JobFilter, JobStatus
 
 registry = ActorRegistry()

@@ -316,7 +316,7 @@ async def test_a_chain_of_a_thousand_cancels_in_one_trigger_call_without_recursi
 
 async def test_retention_keeps_a_parent_that_a_waiting_child_depends_on_and_prunes_past_it(dsn: str) -> None:
     from taskq.models import PruneClass
-    from taskq.retention import prune
+    from taskq.ops.retention import prune
 
     async with await JobsClient.connect(dsn) as client:
         parent = await client.enqueue("wf.any", 1, queue="nobody")

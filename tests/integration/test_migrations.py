@@ -12,9 +12,9 @@ import pytest
 from psycopg import AsyncConnection, errors
 
 from taskq import sql
+from taskq.backend.migrations import migrate, migrate_dsn
 from taskq.client import JobsClient
 from taskq.exceptions import MigrationError, SchemaNotReady, SchemaTooNew
-from taskq.migrations import migrate, migrate_dsn
 
 EXPECTED_TABLES = {
     "jobs", "job_events", "job_attempts", "workers", "lease_losses", "schema_migrations", "schedules",

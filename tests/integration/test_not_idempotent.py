@@ -49,7 +49,7 @@ def test_idempotent_must_be_a_bool() -> None:
 def test_the_supervisor_reclaim_ends_a_non_idempotent_job_crashed_without_knowing_the_actor(dsn: str) -> None:
     from testkit import query
 
-    from taskq.supervisor.store import reclaim_dead_worker
+    from taskq.backend.supervisor import reclaim_dead_worker
 
     rows = {}
     for idempotent in (True, False):

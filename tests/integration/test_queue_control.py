@@ -20,11 +20,11 @@ from testkit import running_worker, wait_for
 
 from taskq import JobContext
 from taskq.actors.declaration import ActorRegistry, actor
+from taskq.backend.workers import WorkerStore
 from taskq.client import JobsClient
 from taskq.exceptions import QueueNotFound
 from taskq.invariants import check_invariants
 from taskq.models import JobStatus, QueueLimits
-from taskq.worker.store import WorkerStore
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -26,7 +26,7 @@ from testkit import wait_for
 
 from taskq import sql
 from taskq.backend import Backend
-from taskq.worker.store import WorkerStore
+from taskq.backend.workers import WorkerStore
 
 pytestmark = pytest.mark.timeout(120)
 

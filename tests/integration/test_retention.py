@@ -20,7 +20,7 @@ from taskq import JobContext, JobsClient
 from taskq.actors.declaration import ActorRegistry, actor
 from taskq.backend import Backend
 from taskq.models import PruneClass
-from taskq.retention import prune
+from taskq.ops.retention import prune
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -36,12 +36,12 @@ from testkit import query, running_worker, wait_for, wait_until
 
 from taskq import JobContext, sql
 from taskq.actors.declaration import ActorRegistry, RetryPolicy, actor
+from taskq.backend.migrations import migrate_dsn
+from taskq.backend.supervisor import reclaim_dead_worker
 from taskq.client import JobsClient
 from taskq.exceptions import JobFailed, MigrationError
-from taskq.migrations import migrate_dsn
 from taskq.models import JobFilter, JobStatus
 from taskq.settings import WorkerSettings
-from taskq.supervisor.store import reclaim_dead_worker
 from taskq.worker import exitcodes
 
 pytestmark = pytest.mark.timeout(120)
@@ -348,7 +348,7 @@ def test_supervisor_reclaim_of_a_dead_worker_runs_under_the_worker_role(roles: R
 async def test_worker_role_prunes_through_the_owner_functions_and_only_terminal_rows(roles: Roles, dsn: str) -> None:
     from taskq.backend import Backend
     from taskq.models import PruneClass
-    from taskq.retention import prune
+    from taskq.ops.retention import prune
 
     ids = {}
     for status in ("succeeded", "failed", "pending"):
@@ -375,7 +375,7 @@ async def test_worker_role_prunes_through_the_owner_functions_and_only_terminal_
 
 async def test_worker_role_prunes_receipts_and_audit_rows_through_the_owner_functions(roles: Roles, dsn: str) -> None:
     from taskq.backend import Backend
-    from taskq.retention import keep_windows, prune
+    from taskq.ops.retention import keep_windows, prune
 
     query(dsn, "INSERT INTO taskq.operator_requests (principal, key, fingerprint, status, body, created_at)"
                " VALUES ('ops', 'old', 'f', 200, '{}', now() - interval '2 days'),"
@@ -668,7 +668,7 @@ async def test_the_web_server_runs_under_the_client_role_workers_page_and_queue_
     from testkit import WebServer
 
     from taskq.backend import Backend
-    from taskq.tokens import create_token
+    from taskq.ops.tokens import create_token
 
     backend = await Backend.open(roles.client_dsn, max_size=1)
     try:

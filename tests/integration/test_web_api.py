@@ -18,7 +18,7 @@ import pytest
 from testkit import WebServer, query, wait_until
 
 from taskq.backend import Backend
-from taskq.tokens import create_token
+from taskq.ops.tokens import create_token
 
 
 @dataclass

@@ -11,7 +11,7 @@ from starlette.routing import Mount, Route
 from testkit import query
 
 from taskq.backend import Backend
-from taskq.tokens import create_token
+from taskq.ops.tokens import create_token
 from taskq.web import create_app
 
 

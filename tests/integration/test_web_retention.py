@@ -18,7 +18,7 @@ from testkit import query
 from taskq import sql
 from taskq.backend import Backend
 from taskq.models import PruneClass
-from taskq.retention import prune
+from taskq.ops.retention import prune
 
 pytestmark = pytest.mark.timeout(120)
 

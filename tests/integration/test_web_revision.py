@@ -15,7 +15,7 @@ from testkit import WebServer, query, running_worker, wait_for
 
 from taskq import JobContext, actor
 from taskq.backend import Backend
-from taskq.tokens import create_token
+from taskq.ops.tokens import create_token
 
 
 @actor(name="web.revision.progress")

@@ -32,9 +32,9 @@ from psycopg import sql as pgsql
 from psycopg.conninfo import make_conninfo
 from testkit import query, wait_until
 
+from taskq.backend.migrations import migrate_dsn
 from taskq.client import JobsClient
 from taskq.exceptions import DatabaseUnavailable
-from taskq.migrations import migrate_dsn
 from taskq.worker import exitcodes
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]

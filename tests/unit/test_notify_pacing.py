@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from taskq.backend_notify import NOTIFY_WINDOW, NOTIFY_WINDOW_MAX, NotifyPacing
+from taskq.backend.notify import NOTIFY_WINDOW, NOTIFY_WINDOW_MAX, NotifyPacing
 
 
 def test_the_defaults_notify_every_job_at_fifty_a_second_and_at_most_twenty_a_second_when_busy() -> None:

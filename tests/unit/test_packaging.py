@@ -95,8 +95,8 @@ def sockets():
 threads_before = threading.active_count()
 sockets_before = sockets()
 import taskq
-import taskq.backend, taskq.client, taskq.migrations, taskq.models, taskq.actors, taskq.sql
-import taskq.cli, taskq.tokens, taskq.backend_web
+import taskq.backend, taskq.client, taskq.backend.migrations, taskq.models, taskq.actors, taskq.sql
+import taskq.cli, taskq.ops.tokens, taskq.backend.web
 import taskq.client_sync, taskq.tracing, taskq.logs, taskq.metrics, taskq.worker.main, taskq.actors.child
 extras = ("opentelemetry", "django", "django_tasks", "sqlalchemy", "starlette", "jinja2", "uvicorn", "httpx",
           "multipart", "python_multipart")

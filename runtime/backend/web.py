@@ -1,0 +1,131 @@
+"""The backend's statements for the web API and dashboard (part of the SQL layer, split from backend.py by
+noun): tokens, idempotency receipts, the audit log, the API's job pages and the overview's stats, and a
+transaction that the operator actions (taskq.ops.jobs, taskq.ops.schedules) can run inside.
+
+The list statements go unprepared (`prepare=False`): each then gets a plan for its own filters, where a
+prepared generic plan would have to serve every combination of the optional ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, cast
+from uuid import UUID
+
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from taskq import sql
+from taskq.backend.core import Backend
+from taskq.backend.params import row_to_job
+from taskq.models import JobRow
+
+__all__ = ["AuditEntry", "JobPage", "Tx", "fetch_all", "fetch_one", "transaction"]
+
+
+class _OneConnection:
+    """Stands in for the pool of a Backend bound to one connection in an open transaction: every method
+    of that Backend then runs in the transaction (the pool's own `connection()` would take another)."""
+
+    def __init__(self, conn: AsyncConnection[Any]) -> None:
+        self.conn = conn
+
+    @contextlib.asynccontextmanager
+    async def connection(self, timeout: float | None = None) -> AsyncIterator[AsyncConnection[Any]]:
+        yield self.conn
+
+    async def getconn(self, timeout: float | None = None) -> AsyncConnection[Any]:
+        return self.conn
+
+    async def putconn(self, conn: AsyncConnection[Any]) -> None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Tx:
+    """One open transaction: its connection, and a Backend whose every method runs in it."""
+
+    conn: AsyncConnection[Any]
+    backend: Backend
+
+
+@contextlib.asynccontextmanager
+async def transaction(backend: Backend) -> AsyncIterator[Tx]:
+    """Commit when the block ends, roll back when it raises."""
+    async with backend.pool.connection() as conn, conn.transaction():
+        pool = cast(AsyncConnectionPool[AsyncConnection[Any]], _OneConnection(conn))
+        yield Tx(conn, Backend(pool, backend.dsn, transaction_pooler=backend.transaction_pooler))
+
+
+async def fetch_one(
+    where: Backend | AsyncConnection[Any], name: str, params: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """One row of the named statement as a dict (None if it returns none), on a pooled connection or in
+    the caller's transaction."""
+    rows = await fetch_all(where, name, params)
+    return rows[0] if rows else None
+
+
+async def fetch_all(
+    where: Backend | AsyncConnection[Any], name: str, params: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    async with contextlib.AsyncExitStack() as stack:
+        conn = where if isinstance(where, AsyncConnection) else await stack.enter_async_context(
+            where.pool.connection()
+        )
+        cur = await stack.enter_async_context(conn.cursor(row_factory=dict_row))
+        await cur.execute(sql.query(name), params or {}, prepare=False)
+        return await cur.fetchall() if cur.description is not None else []
+
+
+async def jobs(where: Backend | AsyncConnection[Any], name: str, params: dict[str, Any]) -> list[JobRow]:
+    return [row_to_job(r) for r in await fetch_all(where, name, params)]
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    rows: list[JobRow]
+    next_after: tuple[datetime, UUID] | None
+
+
+async def job_page(backend: Backend, params: dict[str, Any], limit: int) -> JobPage:
+    """One keyset page (newest first) and the cursor of the next one (None on the last page)."""
+    rows = await jobs(backend, "job_page", params | {"limit": limit + 1})
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return JobPage(rows, (rows[-1].created_at, rows[-1].id) if more and rows else None)
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One operator write, for the audit log and the timelines of the jobs it touched."""
+
+    principal: str
+    action: str
+    request_id: str | None
+    idempotency_key: str | None = None
+    reason: str | None = None
+    expected_revision: int | None = None
+    schedule: str | None = None
+    detail: dict[str, Any] | None = None
+
+
+async def audit(
+    conn: AsyncConnection[Any], entry: AuditEntry, touched: list[tuple[UUID | None, str | None, int | None, str]]
+) -> None:
+    """Write the audit rows (one per (job id, queue, revision, outcome) touched) in the caller's transaction."""
+    await conn.execute(
+        sql.query("audit_insert"),
+        {
+            "principal": entry.principal, "action": entry.action, "schedule": entry.schedule,
+            "reason": entry.reason, "request_id": entry.request_id, "idempotency_key": entry.idempotency_key,
+            "expected_revision": entry.expected_revision, "detail": Jsonb(entry.detail or {}),
+            "job_ids": [t[0] for t in touched], "queues": [t[1] for t in touched],
+            "revisions": [t[2] for t in touched], "outcomes": [t[3] for t in touched],
+        },
+    )

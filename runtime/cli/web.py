@@ -1,0 +1,109 @@
+"""`taskq web [--host 127.0.0.1] [--port 8765]`: serve the dashboard and the /api/v1 JSON API (uvicorn).
+
+Registered in `taskq.cli.COMMANDS` through `commands()`. Needs the extra `taskq[web]`; without it the
+command says so in one line (exit 8). Auth is on (bearer tokens, `taskq tokens create`); `--no-auth`
+serves everyone with every grant and is refused on any host but loopback (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import sys
+from typing import TYPE_CHECKING
+
+from taskq.cli.args import int_arg, seconds_arg
+
+if TYPE_CHECKING:
+    from taskq.cli._base import Command
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8765
+WEB_HINT = "pip install 'taskq[web]'"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, auth: bool) -> None:
+    """Serving without auth anywhere but loopback is refused (a UsageError, one line)."""
+    from taskq.cli._base import UsageError
+
+    if not auth and not is_loopback(host):
+        raise UsageError(f"refusing to serve without auth on {host!r}: --no-auth is for loopback only "
+                         "(127.0.0.1, ::1); create a token with `taskq tokens create` and drop --no-auth")
+
+
+async def _probe(dsn: str, auth: bool) -> int:
+    """Check the database and schema before serving (a clear error now rather than on the first request);
+    the number of live tokens."""
+    from taskq.backend import Backend
+    from taskq.ops.tokens import list_tokens
+
+    backend = await Backend.open(dsn, min_size=1, max_size=1)
+    try:
+        return sum(1 for t in await list_tokens(backend) if t.revoked_at is None) if auth else 0
+    finally:
+        await backend.close()
+
+
+def cmd_web(args: argparse.Namespace) -> int:
+    from taskq.cli._base import CliError, ExitCode, dsn_of
+
+    class MissingExtra(CliError):
+        code = ExitCode.MISSING_EXTRA
+
+    auth = not args.no_auth
+    check_bind(args.host, auth)
+    try:
+        import uvicorn
+
+        from taskq.web import WebConfig, create_app
+    except ImportError as exc:
+        raise MissingExtra(f"taskq web needs the web extra ({exc.name} is missing): {WEB_HINT}") from None
+    dsn = dsn_of(args)
+    live = asyncio.run(_probe(dsn, auth))
+    if auth and live == 0:
+        print("taskq: no live API token yet: create one with `taskq tokens create NAME --grant '*@*'`",
+              file=sys.stderr)
+    config = WebConfig(dsn=dsn, auth=auth, poll_seconds=args.poll_interval,
+                       cancellation_grace_period=args.cancellation_grace_period,
+                       cleanup_grace_period=args.cleanup_grace_period, secure_cookies=args.secure_cookies)
+    print(f"taskq: serving the dashboard on http://{args.host}:{args.port}/ and the API on /api/v1"
+          + ("" if auth else " WITHOUT auth (loopback only)"), file=sys.stderr, flush=True)
+    uvicorn.run(create_app(config=config), host=args.host, port=args.port, log_level="warning",
+                lifespan="on", access_log=False)
+    return ExitCode.OK
+
+
+def commands() -> tuple[Command, ...]:
+    from taskq.cli._base import Command, arg
+
+    return (
+        Command(
+            "web", cmd_web, "serve the dashboard and the /api/v1 JSON API",
+            (arg("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST}, loopback)"),
+             arg("--port", type=int_arg(0, 65535), default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})"),
+             arg("--no-auth", action="store_true",
+                 help="serve everyone with every grant, without tokens: loopback only"),
+             arg("--poll-interval", type=seconds_arg, default=2.0, metavar="SECONDS",
+                 help="how often open pages refresh their live regions (default 2)"),
+             arg("--cancellation-grace-period", type=seconds_arg, default=None, metavar="SECONDS",
+                 help="the fleet's, for the cancel ladder's clocks (default: TASKQ_CANCELLATION_GRACE_PERIOD "
+                 "or the workers' default)"),
+             arg("--cleanup-grace-period", type=seconds_arg, default=None, metavar="SECONDS",
+                 help="likewise (default: TASKQ_CLEANUP_GRACE_PERIOD or the workers' default)"),
+             arg("--secure-cookies", action="store_true",
+                 help="mark the session cookie Secure (behind an HTTPS proxy)")),
+            description="Auth: bearer tokens (`taskq tokens create NAME --grant ACTION@QUEUES`), also the "
+            "dashboard's login. Exit codes: 0 stopped, 2 bad arguments or --no-auth off loopback, 3 database "
+            "unreachable, 5 schema not ready, 8 the web extra is not installed.",
+        ),
+    )

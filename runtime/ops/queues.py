@@ -1,0 +1,154 @@
+"""Operator actions on queues: stats, pause, resume, limits. One function per action over a Backend,
+called alike by JobsClient, SyncJobsClient (generated from this module), the CLI and (later) the web API;
+each checks its input
+before any database work, so a bad value changes nothing."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+from uuid import UUID
+
+from taskq.backend import Backend
+from taskq.backend import queues as queue_store
+from taskq.backend.queues import UNSET, LimitChange, WaitState
+from taskq.checks import check_reason, check_text
+from taskq.exceptions import ConfigurationError, QueueNotFound
+from taskq.models import QueueLimitsResult, QueuePauseResult, QueueStatsReport
+from taskq.ops.schedules import operator_name
+
+MAX_LIMIT = 2**31 - 1
+MAX_PERIOD = 366 * 86400.0
+
+
+def check_limit(name: str, value: Any, *, allow_none: bool = True) -> int | None:
+    """A concurrency or rate limit: an int >= 1 (None removes it where allowed)."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
+        shown = str(value) if isinstance(value, float) and not math.isfinite(value) else repr(value)
+        raise ConfigurationError(f"{name} must be a whole number between 1 and {MAX_LIMIT}, got {shown}")
+    return value
+
+
+def check_period(name: str, value: Any) -> float:
+    """A rate period: a finite number of seconds > 0 (at most a year)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or not 0 < value <= MAX_PERIOD:
+        shown = str(value) if isinstance(value, float) and not math.isfinite(value) else repr(value)
+        raise ConfigurationError(f"{name} must be a finite number of seconds > 0 and at most a year, got {shown}")
+    return float(value)
+
+
+def check_queue_name(name: Any) -> str:
+    return check_text("a queue name", name)
+
+
+def check_by(by: Any) -> str:
+    if by is None:
+        return operator_name()
+    return check_text("by", by)
+
+
+async def queue_stats(backend: Backend) -> QueueStatsReport:
+    """Every known queue with its counts, pause and limits, and the actor limits in force."""
+    return await queue_store.queue_stats(backend)
+
+
+async def pause_queue(backend: Backend, name: str, *, reason: str | None = None, by: str | None = None
+                      ) -> QueuePauseResult:
+    """Stop every worker of the fleet from claiming from the queue until it is resumed. Running jobs go
+    on, enqueue still works, the pause is stored (it survives restarts). QueueNotFound for a name the
+    database does not know."""
+    return await _set_paused(backend, name, True, reason, by)
+
+
+async def resume_queue(backend: Backend, name: str, *, reason: str | None = None, by: str | None = None
+                       ) -> QueuePauseResult:
+    """Let workers claim from the queue again (they hear of it at once by NOTIFY, or at their next poll)."""
+    return await _set_paused(backend, name, False, reason, by)
+
+
+async def _set_paused(backend: Backend, name: str, paused: bool, reason: str | None, by: str | None
+                      ) -> QueuePauseResult:
+    name = check_queue_name(name)
+    reason = check_reason(reason)
+    who = check_by(by)
+    changed = await queue_store.queue_set_paused(backend, name, paused, by=who, reason=reason)
+    if changed is None:
+        raise QueueNotFound(f"no queue named {name!r} (no worker serves it and no unfinished job names it)")
+    return QueuePauseResult(name=name, paused=paused, changed=changed)
+
+
+async def set_queue_limits(
+    backend: Backend,
+    name: str,
+    *,
+    concurrency: int | None = UNSET,
+    concurrency_per_key: int | None = UNSET,
+    rate_limit: int | None = UNSET,
+    rate_period: float | None = UNSET,
+    reason: str | None = None,
+    by: str | None = None,
+) -> QueueLimitsResult:
+    """Set a queue's fleet-wide limits: at most `concurrency` jobs running across all workers, at most
+    `concurrency_per_key` per concurrency key, at most `rate_limit` starts per `rate_period` seconds.
+    A limit left out is kept; None removes it (rate_limit=None removes the rate and its period). Creates
+    the queue's row if it has none."""
+    name = check_queue_name(name)
+    change: dict[str, Any] = {}
+    if concurrency is not UNSET:
+        change["concurrency"] = check_limit("concurrency", concurrency)
+    if concurrency_per_key is not UNSET:
+        change["concurrency_per_key"] = check_limit("concurrency_per_key", concurrency_per_key)
+    if rate_limit is not UNSET or rate_period is not UNSET:
+        if rate_limit is None:
+            if rate_period not in (UNSET, None):
+                raise ConfigurationError("rate_period without rate_limit: give both, or rate_limit=None to remove")
+            change["rate_limit"] = change["rate_period"] = None
+        else:
+            if rate_limit is UNSET or rate_period is UNSET or rate_period is None:
+                raise ConfigurationError("a rate limit needs both rate_limit and rate_period (seconds)")
+            change["rate_limit"] = check_limit("rate_limit", rate_limit, allow_none=False)
+            change["rate_period"] = check_period("rate_period", rate_period)
+    if not change:
+        raise ConfigurationError("set_queue_limits needs at least one limit to set or remove")
+    reason = check_reason(reason)
+    limits = await queue_store.queue_set_limits(backend, name, LimitChange(**change), by=check_by(by),
+                                                   reason=reason)
+    return QueueLimitsResult(name=name, limits=limits)
+
+
+async def job_wait_reason(backend: Backend, job_id: UUID) -> str | None:
+    """Why the job, due and waiting, has not started: its queue is paused, or a limit is used up
+    ("waiting for a concurrency slot of queue mail (5/5 in use)"). None otherwise."""
+    state = await queue_store.job_wait_state(backend, job_id)
+    return describe_wait(state) if state is not None else None
+
+
+def describe_wait(state: WaitState) -> str | None:
+    """Why a due waiting job has not started, in words (None when nothing holds it)."""
+    if state.status not in ("pending", "scheduled") or not state.due:
+        return None
+    q, a = state.queue, state.actor
+    if state.paused_at is not None:
+        who = f" by {state.paused_by}" if state.paused_by else ""
+        why = f": {state.pause_reason}" if state.pause_reason else ""
+        return f"queue {q} is paused{who}{why}"
+    key = state.concurrency_key
+    holds = [
+        (state.queue_concurrency, state.queue_running, f"a concurrency slot of queue {q}"),
+        (state.queue_per_key if key else None, state.queue_key_running,
+         f"a concurrency slot of key {key} in queue {q}"),
+        (state.queue_rate, state.queue_starts, f"the rate limit of queue {q} ({state.queue_rate} per "
+                                               f"{state.queue_period or 0:g}s)"),
+        (state.actor_concurrency, state.actor_running, f"a concurrency slot of actor {a}"),
+        (state.actor_per_key if key else None, state.actor_key_running,
+         f"a concurrency slot of key {key} of actor {a}"),
+        (state.actor_rate, state.actor_starts, f"the rate limit of actor {a} ({state.actor_rate} per "
+                                               f"{state.actor_period or 0:g}s)"),
+    ]
+    for limit, used, what in holds:
+        if limit is not None and used >= limit:
+            return f"waiting for {what} ({used}/{limit} in use)"
+    return None
