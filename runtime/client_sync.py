@@ -24,16 +24,10 @@ from taskq.backend import JobBatch, JobInsert, transaction_pooler_from_env, uuid
 from taskq.backend.core_sync import SyncBackend
 from taskq.backend.queues import UNSET
 from taskq.checks import as_job_id
-from taskq.client import (
-    DEFAULT_MAX_PAYLOAD_BYTES,
-    WAIT_POLL_INTERVAL,
-    R,
-    _check_options,
-    _offset,
-    encode_payloads,
-    prepare_insert,
-)
+from taskq.client import WAIT_POLL_INTERVAL, R, offset_skipped
 from taskq.dsn import resolve_dsn
+from taskq.enqueue import DEFAULT_MAX_PAYLOAD_BYTES as DEFAULT_MAX_PAYLOAD_BYTES
+from taskq.enqueue import check_options, encode_payloads, prepare_insert
 from taskq.exceptions import ConfigurationError, DependencyInvalid, JobFailed
 from taskq.models import (
     FAILURE_STATUSES,
@@ -301,7 +295,7 @@ class SyncJobsClient:
         parents, mode = workflows.check_dependencies(depends_on, dependency_mode)
         if parents and unique_key is not None:
             raise DependencyInvalid("unique_key cannot be combined with depends_on")
-        actor, opts = _check_options(
+        actor, opts = check_options(
             target,
             self.registry,
             queue=queue,
@@ -347,13 +341,13 @@ class SyncJobsClient:
                 workflows_sync.enqueue_many_dependent(self.backend, batches, parents, mode, conn=connection)
             elif connection is not None:
                 for start, batch in zip(range(0, len(encoded), chunk_size), batches, strict=True):
-                    skipped |= _offset(start, self.backend.job_insert_many(batch, conn=connection))
+                    skipped |= offset_skipped(start, self.backend.job_insert_many(batch, conn=connection))
             elif len(batches) == 1:
                 skipped = self.backend.job_insert_many(batches[0]) or {}
             elif batches:
-                with self.backend.pool.connection() as conn, conn.transaction():
+                with self.backend.transaction() as conn:
                     for start, batch in zip(range(0, len(encoded), chunk_size), batches, strict=True):
-                        skipped |= _offset(start, self.backend.job_insert_many(batch, conn=conn))
+                        skipped |= offset_skipped(start, self.backend.job_insert_many(batch, conn=conn))
         if order is not None and skipped:
             skipped = {order[pos]: holder for pos, holder in skipped.items()}
         adapter = self._adapter(target)

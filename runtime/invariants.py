@@ -12,7 +12,7 @@ from uuid import UUID
 
 from psycopg import AsyncConnection
 
-from taskq import sql
+from taskq.backend import invariants as queries
 
 INVARIANTS: dict[str, str] = {
     "inv_stuck_running": "no job lost: no running row with a long-expired lease",
@@ -83,12 +83,8 @@ async def check_invariants(conn: AsyncConnection[Any], *, stale_after: float = 3
     """Run every invariant query. `stale_after`: seconds past lease expiry before a running row counts
     as lost (give the sweepers time)."""
     report = InvariantReport()
-    for name in INVARIANTS:
-        cur = await conn.execute(sql.query(name), {"stale_after": stale_after})
-        for job_id, detail in await cur.fetchall():
-            report.violations.append(Violation(name, job_id, detail))
-    cur = await conn.execute(sql.query("inv_summary_status"))
-    report.jobs_by_status = {str(s): int(n) for s, n in await cur.fetchall()}
-    cur = await conn.execute(sql.query("inv_summary_executions"))
-    report.executions = {int(a): int(n) for a, n in await cur.fetchall()}
+    for name, job_id, detail in await queries.violations(conn, INVARIANTS, stale_after=stale_after):
+        report.violations.append(Violation(name, job_id, detail))
+    report.jobs_by_status = await queries.jobs_by_status(conn)
+    report.executions = await queries.executions(conn)
     return report

@@ -19,6 +19,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 
 from taskq.actors.declaration import Actor
+from taskq.enqueue import prepare_insert
 from taskq.exceptions import PayloadInvalid, ScheduleDefinitionError
 
 Misfire = Literal["skip", "run_once", "catch_up"]
@@ -104,8 +105,6 @@ class Schedule:
                 f"{where}: misfire_grace must be a finite duration >= 0, got {self.misfire_grace!r}"
             )
         # the options every enqueue checks, so that a slot job can never be refused at insert time
-        from taskq.client import prepare_insert
-
         try:
             job = prepare_insert(
                 self.actor, self.payload, registry=_NO_REGISTRY, max_payload_bytes=1024 * 1024,

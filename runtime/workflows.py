@@ -99,7 +99,7 @@ class GraphJob:
     dependency_mode: str = "on_success"
 
 
-def _batch_of(job: JobInsert) -> JobBatch:
+def batch_of(job: JobInsert) -> JobBatch:
     return JobBatch(ids=[job.id], payloads_json=[job.payload_json], options=job.options)
 
 
@@ -108,11 +108,11 @@ async def _insert_on(backend: Backend, conn: AsyncConnection[Any], g: GraphJob) 
         return await backend.job_insert_deferred(g.job, conn=conn)
     if g.job.unique_key is not None:
         raise DependencyInvalid("unique_key cannot be combined with depends_on")
-    written = await dependency_store.insert_dependent(conn, _batch_of(g.job), g.parent_ids, g.dependency_mode)
+    written = await dependency_store.insert_dependent(conn, batch_of(g.job), g.parent_ids, g.dependency_mode)
     return InsertedJob(g.job, written.status, written.scheduled_at, written.schedule_to_close, written.created_at)
 
 
-def _check_graph(jobs: Sequence[GraphJob]) -> None:
+def check_graph(jobs: Sequence[GraphJob]) -> None:
     position = {g.job.id: i for i, g in enumerate(jobs)}
     if len(position) != len(jobs):
         raise DependencyInvalid("a graph names the same job id twice")
@@ -135,14 +135,14 @@ async def enqueue_graph(
     """Write every job of the graph in order, in one transaction (the caller's with `conn`, as a
     savepoint): all or nothing. DependencyInvalid before anything is written for a forward edge (a cycle);
     DependencyNotFound (and nothing written) when a parent does not exist."""
-    _check_graph(jobs)
+    check_graph(jobs)
     if not jobs:
         return []
     if conn is not None:
         check_caller_connection(conn, backend.database)
         async with conn.transaction():
             return [await _insert_on(backend, conn, g) for g in jobs]
-    async with backend.pool.connection() as own, own.transaction():
+    async with backend.transaction() as own:
         return [await _insert_on(backend, own, g) for g in jobs]
 
 
@@ -166,7 +166,7 @@ async def enqueue_many_dependent(
             for batch in batches:
                 await dependency_store.insert_dependent(conn, batch, parent_ids, mode)
         return
-    async with backend.pool.connection() as own, own.transaction():
+    async with backend.transaction() as own:
         for batch in batches:
             await dependency_store.insert_dependent(own, batch, parent_ids, mode)
 
@@ -174,7 +174,7 @@ async def enqueue_many_dependent(
 async def job_dependencies(backend: Backend, job_id: UUID | str) -> list[DependencyEdge]:
     """The job's parents (with their status and how each edge resolved) and its children."""
     jid = as_job_id(job_id)
-    async with backend.pool.connection() as conn:
+    async with backend.connection() as conn:
         return await dependency_store.dependencies(conn, jid)
 
 
@@ -182,7 +182,7 @@ async def parent_results(backend: Backend, job_id: UUID, adapters: Any) -> dict[
     """{parent id: result} for every parent of the job: a succeeded parent's stored result, decoded with
     its actor's result type when `adapters` (an ActorRegistry) knows the actor; None for a parent that did
     not succeed (mode on_any_terminal)."""
-    async with backend.pool.connection() as conn:
+    async with backend.connection() as conn:
         rows = await dependency_store.parent_results(conn, job_id)
     results: dict[UUID, Any] = {}
     for pid, actor_name, status, raw in rows:

@@ -39,7 +39,7 @@ from taskq.exceptions import DependencyInvalid
 if TYPE_CHECKING:
     from taskq.actors.declaration import Actor
     from taskq.client_sync import SyncJobHandle, SyncJobsClient
-from taskq.workflows import GraphJob, ParentRef, R, _batch_of, _check_graph, check_dependencies
+from taskq.workflows import GraphJob, ParentRef, R, batch_of, check_dependencies, check_graph
 
 
 def _insert_on(backend: SyncBackend, conn: Connection[Any], g: GraphJob) -> InsertedJob:
@@ -47,7 +47,7 @@ def _insert_on(backend: SyncBackend, conn: Connection[Any], g: GraphJob) -> Inse
         return backend.job_insert_deferred(g.job, conn=conn)
     if g.job.unique_key is not None:
         raise DependencyInvalid("unique_key cannot be combined with depends_on")
-    written = dependency_store_sync.insert_dependent(conn, _batch_of(g.job), g.parent_ids, g.dependency_mode)
+    written = dependency_store_sync.insert_dependent(conn, batch_of(g.job), g.parent_ids, g.dependency_mode)
     return InsertedJob(g.job, written.status, written.scheduled_at, written.schedule_to_close, written.created_at)
 
 
@@ -57,14 +57,14 @@ def enqueue_graph(
     """Write every job of the graph in order, in one transaction (the caller's with `conn`, as a
     savepoint): all or nothing. DependencyInvalid before anything is written for a forward edge (a cycle);
     DependencyNotFound (and nothing written) when a parent does not exist."""
-    _check_graph(jobs)
+    check_graph(jobs)
     if not jobs:
         return []
     if conn is not None:
         check_caller_connection(conn, backend.database)
         with conn.transaction():
             return [_insert_on(backend, conn, g) for g in jobs]
-    with backend.pool.connection() as own, own.transaction():
+    with backend.transaction() as own:
         return [_insert_on(backend, own, g) for g in jobs]
 
 
@@ -96,7 +96,7 @@ def enqueue_many_dependent(
             for batch in batches:
                 dependency_store_sync.insert_dependent(conn, batch, parent_ids, mode)
         return
-    with backend.pool.connection() as own, own.transaction():
+    with backend.transaction() as own:
         for batch in batches:
             dependency_store_sync.insert_dependent(own, batch, parent_ids, mode)
 
@@ -104,7 +104,7 @@ def enqueue_many_dependent(
 def job_dependencies(backend: SyncBackend, job_id: UUID | str) -> list[DependencyEdge]:
     """The job's parents (with their status and how each edge resolved) and its children."""
     jid = as_job_id(job_id)
-    with backend.pool.connection() as conn:
+    with backend.connection() as conn:
         return dependency_store_sync.dependencies(conn, jid)
 
 
@@ -112,7 +112,7 @@ def parent_results(backend: SyncBackend, job_id: UUID, adapters: Any) -> dict[UU
     """{parent id: result} for every parent of the job: a succeeded parent's stored result, decoded with
     its actor's result type when `adapters` (an ActorRegistry) knows the actor; None for a parent that did
     not succeed (mode on_any_terminal)."""
-    with backend.pool.connection() as conn:
+    with backend.connection() as conn:
         rows = dependency_store_sync.parent_results(conn, job_id)
     results: dict[UUID, Any] = {}
     for pid, actor_name, status, raw in rows:

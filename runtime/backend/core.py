@@ -8,8 +8,8 @@ them) and returns models. Worker-side operations live in `taskq.backend.workers`
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, nullcontext
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, Self, TypeVar, cast
@@ -57,7 +57,7 @@ from taskq.models import (
 _Method = TypeVar("_Method", bound=Callable[..., Awaitable[Any]])
 
 
-def _reports_outage(method: _Method) -> _Method:
+def reports_outage(method: _Method) -> _Method:
     """A Backend method whose lost connection surfaces as DatabaseUnavailable (never the password),
     as JobsClient.connect reports an unreachable server, instead of a raw psycopg or pool error."""
 
@@ -164,6 +164,18 @@ class Backend:
         finally:
             await self.pool.close(timeout=timeout)
 
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
+        """A pooled connection (autocommit) for the statements of a backend module that take one."""
+        async with self.pool.connection() as conn:
+            yield conn
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncConnection[Any]]:
+        """A pooled connection inside one transaction, committed when the block ends without an error."""
+        async with self.pool.connection() as conn, conn.transaction():
+            yield conn
+
     # -- enqueue ---------------------------------------------------------------------------------
 
     async def job_insert(self, job: JobInsert, *, conn: AsyncConnection[Any] | None = None) -> JobRow:
@@ -171,7 +183,7 @@ class Backend:
         transaction, which notifies as it commits."""
         return (await self.job_insert_deferred(job, conn=conn)).row()
 
-    @_reports_outage
+    @reports_outage
     async def job_insert_deferred(self, job: JobInsert, *, conn: AsyncConnection[Any] | None = None) -> InsertedJob:
         """`job_insert`, leaving the JobRow to be built by the caller if it wants it."""
         notify = conn is not None or self.notifier.inline(job.options.queue)
@@ -209,7 +221,7 @@ class Backend:
             self.notifier.after_commit(job.options.queue)
         return inserted
 
-    @_reports_outage
+    @reports_outage
     async def job_insert_many(
         self, batch: JobBatch, *, conn: AsyncConnection[Any] | None = None
     ) -> dict[int, UUID] | None:
@@ -246,21 +258,21 @@ class Backend:
 
     # -- reads -----------------------------------------------------------------------------------
 
-    @_reports_outage
+    @reports_outage
     async def get(self, job_id: UUID) -> JobRow | None:
         async with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(sql.query("job_get"), {"id": job_id})
             row = await cur.fetchone()
         return row_to_job(row) if row else None
 
-    @_reports_outage
+    @reports_outage
     async def job_status(self, job_id: UUID) -> JobStatus | None:
         async with self.pool.connection() as conn:
             cur = await conn.execute(sql.query("job_status"), {"id": job_id})
             row = await cur.fetchone()
         return JobStatus(row[0]) if row else None
 
-    @_reports_outage
+    @reports_outage
     async def job_list(self, flt: JobFilter, *, limit: int = 100) -> list[JobRow]:
         params = filter_params(flt) | {"limit": limit}
         async with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
@@ -268,19 +280,19 @@ class Backend:
             rows = await cur.fetchall()
         return [row_to_job(r) for r in rows]
 
-    @_reports_outage
+    @reports_outage
     async def job_events(self, job_id: UUID) -> list[JobEvent]:
         async with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(sql.query("job_events"), {"id": job_id})
             return [JobEvent.model_validate(r) for r in await cur.fetchall()]
 
-    @_reports_outage
+    @reports_outage
     async def job_attempts(self, job_id: UUID) -> list[JobAttempt]:
         async with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(sql.query("job_attempts"), {"id": job_id})
             return [JobAttempt.model_validate(r) for r in await cur.fetchall()]
 
-    @_reports_outage
+    @reports_outage
     async def job_count_by_status(self) -> dict[JobStatus, int]:
         async with self.pool.connection() as conn:
             cur = await conn.execute(sql.query("job_count_by_status"))
@@ -288,7 +300,7 @@ class Backend:
 
     # -- cancel ----------------------------------------------------------------------------------
 
-    @_reports_outage
+    @reports_outage
     async def write_cancel_request(self, job_id: UUID, reason: str | None) -> tuple[JobStatus, JobStatus] | None:
         """Atomically cancel a pending/scheduled job (CancelledBeforeStart) or flag a running one
         (cancel_phase 1, NOTIFY its worker). Returns (previous, new) status, or None if nothing changed."""
@@ -297,7 +309,7 @@ class Backend:
             row = await cur.fetchone()
         return (JobStatus(row[0]), JobStatus(row[1])) if row else None
 
-    @_reports_outage
+    @reports_outage
     async def cancel_where(self, flt: JobFilter, reason: str | None, *, batch_size: int = 1000) -> BulkCancelResult:
         """Set-based bulk cancel, drained in committed batches of at most `batch_size` rows."""
         params = filter_params(flt) | {"reason": reason, "limit": batch_size}
@@ -319,13 +331,13 @@ class Backend:
 
     # -- schedules -------------------------------------------------------------------------------
 
-    @_reports_outage
+    @reports_outage
     async def schedule_list(self, name: str | None = None) -> list[ScheduleInfo]:
         async with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(sql.query("schedule_list"), {"name": name})
             return [ScheduleInfo.model_validate(r) for r in await cur.fetchall()]
 
-    @_reports_outage
+    @reports_outage
     async def schedule_set_paused(self, name: str, paused: bool, by: str | None) -> bool | None:
         """Pause or resume; True if it changed, False if it already was so, None if no such schedule."""
         async with self.pool.connection() as conn:
@@ -333,7 +345,7 @@ class Backend:
             row = await cur.fetchone()
         return bool(row[1]) if row else None
 
-    @_reports_outage
+    @reports_outage
     async def schedule_trigger(self, name: str) -> tuple[UUID, datetime] | None:
         """Insert one job of the schedule now; (job id, its scheduled_for), or None if no such schedule."""
         async with self.pool.connection() as conn:
@@ -343,7 +355,7 @@ class Backend:
 
     # -- requeue ---------------------------------------------------------------------------------
 
-    @_reports_outage
+    @reports_outage
     async def job_requeue(self, job_id: UUID, params: RequeueParams, *, cascade: bool = False) -> RequeueRow | None:
         """Requeue one failed, crashed or abandoned job (one fenced statement, its event included); None
         if no such job. A unique violation means a holder committed after the statement's snapshot: the
@@ -366,7 +378,7 @@ class Backend:
                 return RequeueRow(job_id, JobStatus(prev), bool(requeued), conflict, tuple(revived))
         raise UniqueKeyContention(f"job {job_id}: its unique key kept being taken during the requeue; try again")
 
-    @_reports_outage
+    @reports_outage
     async def job_requeue_where_batch(
         self, flt: JobFilter, params: RequeueParams, *, after: UUID | None, limit: int, cascade: bool = False
     ) -> list[RequeueRow]:

@@ -12,8 +12,8 @@ them) and returns models. Worker-side operations live in `taskq.backend.workers`
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, Self, TypeVar, cast
@@ -47,7 +47,7 @@ from taskq.models import BulkCancelResult, JobAttempt, JobEvent, JobFilter, JobR
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
-def _reports_outage(method: _Method) -> _Method:
+def reports_outage(method: _Method) -> _Method:
     """A SyncBackend method whose lost connection surfaces as DatabaseUnavailable (never the password),
     as SyncJobsClient.connect reports an unreachable server, instead of a raw psycopg or pool error."""
 
@@ -160,12 +160,24 @@ class SyncBackend:
         finally:
             self.pool.close(timeout=timeout)
 
+    @contextmanager
+    def connection(self) -> Iterator[Connection[Any]]:
+        """A pooled connection (autocommit) for the statements of a backend module that take one."""
+        with self.pool.connection() as conn:
+            yield conn
+
+    @contextmanager
+    def transaction(self) -> Iterator[Connection[Any]]:
+        """A pooled connection inside one transaction, committed when the block ends without an error."""
+        with self.pool.connection() as conn, conn.transaction():
+            yield conn
+
     def job_insert(self, job: JobInsert, *, conn: Connection[Any] | None = None) -> JobRow:
         """Insert one job; its NOTIFY follows the commit (backend_notify). With `conn`, runs in the caller's
         transaction, which notifies as it commits."""
         return self.job_insert_deferred(job, conn=conn).row()
 
-    @_reports_outage
+    @reports_outage
     def job_insert_deferred(self, job: JobInsert, *, conn: Connection[Any] | None = None) -> InsertedJob:
         """`job_insert`, leaving the JobRow to be built by the caller if it wants it."""
         notify = conn is not None or self.notifier.inline(job.options.queue)
@@ -205,7 +217,7 @@ class SyncBackend:
             self.notifier.after_commit(job.options.queue)
         return inserted
 
-    @_reports_outage
+    @reports_outage
     def job_insert_many(self, batch: JobBatch, *, conn: Connection[Any] | None = None) -> dict[int, UUID] | None:
         """Insert a batch with one statement (one NOTIFY follows, as for job_insert). With unique keys, returns
         {index in the batch: holder id} for the jobs it did not write (None without keys)."""
@@ -238,21 +250,21 @@ class SyncBackend:
             self.notifier.after_commit(batch.options.queue)
         return skipped
 
-    @_reports_outage
+    @reports_outage
     def get(self, job_id: UUID) -> JobRow | None:
         with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             cur.execute(sql.query("job_get"), {"id": job_id})
             row = cur.fetchone()
         return row_to_job(row) if row else None
 
-    @_reports_outage
+    @reports_outage
     def job_status(self, job_id: UUID) -> JobStatus | None:
         with self.pool.connection() as conn:
             cur = conn.execute(sql.query("job_status"), {"id": job_id})
             row = cur.fetchone()
         return JobStatus(row[0]) if row else None
 
-    @_reports_outage
+    @reports_outage
     def job_list(self, flt: JobFilter, *, limit: int = 100) -> list[JobRow]:
         params = filter_params(flt) | {"limit": limit}
         with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
@@ -260,25 +272,25 @@ class SyncBackend:
             rows = cur.fetchall()
         return [row_to_job(r) for r in rows]
 
-    @_reports_outage
+    @reports_outage
     def job_events(self, job_id: UUID) -> list[JobEvent]:
         with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             cur.execute(sql.query("job_events"), {"id": job_id})
             return [JobEvent.model_validate(r) for r in cur.fetchall()]
 
-    @_reports_outage
+    @reports_outage
     def job_attempts(self, job_id: UUID) -> list[JobAttempt]:
         with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             cur.execute(sql.query("job_attempts"), {"id": job_id})
             return [JobAttempt.model_validate(r) for r in cur.fetchall()]
 
-    @_reports_outage
+    @reports_outage
     def job_count_by_status(self) -> dict[JobStatus, int]:
         with self.pool.connection() as conn:
             cur = conn.execute(sql.query("job_count_by_status"))
             return {JobStatus(s): int(n) for s, n in cur.fetchall()}
 
-    @_reports_outage
+    @reports_outage
     def write_cancel_request(self, job_id: UUID, reason: str | None) -> tuple[JobStatus, JobStatus] | None:
         """Atomically cancel a pending/scheduled job (CancelledBeforeStart) or flag a running one
         (cancel_phase 1, NOTIFY its worker). Returns (previous, new) status, or None if nothing changed."""
@@ -287,7 +299,7 @@ class SyncBackend:
             row = cur.fetchone()
         return (JobStatus(row[0]), JobStatus(row[1])) if row else None
 
-    @_reports_outage
+    @reports_outage
     def cancel_where(self, flt: JobFilter, reason: str | None, *, batch_size: int = 1000) -> BulkCancelResult:
         """Set-based bulk cancel, drained in committed batches of at most `batch_size` rows."""
         params = filter_params(flt) | {"reason": reason, "limit": batch_size}
@@ -307,13 +319,13 @@ class SyncBackend:
                     counts[status] = counts.get(status, 0) + 1
         return BulkCancelResult(by_previous_status=counts, job_ids=tuple(ids), batches=batches)
 
-    @_reports_outage
+    @reports_outage
     def schedule_list(self, name: str | None = None) -> list[ScheduleInfo]:
         with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             cur.execute(sql.query("schedule_list"), {"name": name})
             return [ScheduleInfo.model_validate(r) for r in cur.fetchall()]
 
-    @_reports_outage
+    @reports_outage
     def schedule_set_paused(self, name: str, paused: bool, by: str | None) -> bool | None:
         """Pause or resume; True if it changed, False if it already was so, None if no such schedule."""
         with self.pool.connection() as conn:
@@ -321,7 +333,7 @@ class SyncBackend:
             row = cur.fetchone()
         return bool(row[1]) if row else None
 
-    @_reports_outage
+    @reports_outage
     def schedule_trigger(self, name: str) -> tuple[UUID, datetime] | None:
         """Insert one job of the schedule now; (job id, its scheduled_for), or None if no such schedule."""
         with self.pool.connection() as conn:
@@ -329,7 +341,7 @@ class SyncBackend:
             row = cur.fetchone()
         return (row[0], row[1]) if row else None
 
-    @_reports_outage
+    @reports_outage
     def job_requeue(self, job_id: UUID, params: RequeueParams, *, cascade: bool = False) -> RequeueRow | None:
         """Requeue one failed, crashed or abandoned job (one fenced statement, its event included); None
         if no such job. A unique violation means a holder committed after the statement's snapshot: the
@@ -351,7 +363,7 @@ class SyncBackend:
                 return RequeueRow(job_id, JobStatus(prev), bool(requeued), conflict, tuple(revived))
         raise UniqueKeyContention(f"job {job_id}: its unique key kept being taken during the requeue; try again")
 
-    @_reports_outage
+    @reports_outage
     def job_requeue_where_batch(
         self, flt: JobFilter, params: RequeueParams, *, after: UUID | None, limit: int, cascade: bool = False
     ) -> list[RequeueRow]:

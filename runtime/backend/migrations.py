@@ -22,6 +22,11 @@ class MigrationOutcome:
     current: int
 
 
+def migration_names() -> dict[int, str]:
+    """The name of every migration this taskq ships, by version."""
+    return {m.version: m.name for m in sql.migrations()}
+
+
 async def _applied(conn: AsyncConnection[Any]) -> dict[int, str]:
     cur = await conn.execute(sql.query("migrations_applied"))
     return {int(v): str(c) for v, _, c in await cur.fetchall()}

@@ -215,3 +215,15 @@ class EnqueueNotifier:
             else:
                 with contextlib.suppress(Exception, asyncio.CancelledError):
                     await asyncio.wait_for(task, timeout)
+
+
+async def open_listener(dsn: str) -> AsyncConnection[Any]:
+    """A dedicated autocommit connection that LISTENs on every taskq channel (the worker's listener, which
+    reads `notifies()` from it and closes it)."""
+    conn = await AsyncConnection.connect(dsn, autocommit=True)
+    try:
+        await conn.execute(sql.query("listen"))
+    except BaseException:
+        await conn.close()
+        raise
+    return conn

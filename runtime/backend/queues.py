@@ -10,7 +10,7 @@ from uuid import UUID
 from psycopg.rows import dict_row
 
 from taskq import sql
-from taskq.backend.core import Backend, _reports_outage
+from taskq.backend.core import Backend, reports_outage
 from taskq.models import ActorLimitsInfo, QueueLimits, QueueStats, QueueStatsReport
 
 QUEUES_CHANNEL = "taskq_queues"
@@ -69,12 +69,12 @@ class WaitState:
     actor_starts: int
 
 
-def _limits(row: dict[str, Any], concurrency: str) -> QueueLimits:
+def limits_of(row: dict[str, Any], concurrency: str) -> QueueLimits:
     return QueueLimits(concurrency=row[concurrency], concurrency_per_key=row["concurrency_per_key"],
                        rate_limit=row["rate_limit"], rate_period=row["rate_period"])
 
 
-@_reports_outage
+@reports_outage
 async def queue_stats(backend: Backend) -> QueueStatsReport:
     async with backend.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(sql.query("queue_stats"))
@@ -84,20 +84,20 @@ async def queue_stats(backend: Backend) -> QueueStatsReport:
                 awaiting_parents=r["awaiting_parents"], failed_last_hour=r["failed_last_hour"],
                 oldest_pending_age=r["oldest_pending_age"], throughput=r["throughput"], paused=r["paused"],
                 paused_at=r["paused_at"], paused_by=r["paused_by"], pause_reason=r["pause_reason"],
-                limits=_limits(r, "concurrency_limit"),
+                limits=limits_of(r, "concurrency_limit"),
             )
             for r in await cur.fetchall()
         ]
         await cur.execute(sql.query("actor_limits_list"))
         actors = [
-            ActorLimitsInfo(actor=r["actor"], limits=_limits(r, "global_concurrency"), running=r["running"],
+            ActorLimitsInfo(actor=r["actor"], limits=limits_of(r, "global_concurrency"), running=r["running"],
                             declared_by=r["declared_by"], updated_at=r["updated_at"])
             for r in await cur.fetchall()
         ]
     return QueueStatsReport(queues=tuple(queues), actor_limits=tuple(actors))
 
 
-@_reports_outage
+@reports_outage
 async def queue_set_paused(backend: Backend, name: str, paused: bool, *, by: str, reason: str | None
                            ) -> bool | None:
     """True if the queue's state changed, False if it already was so, None if no such queue."""
@@ -110,24 +110,24 @@ async def queue_set_paused(backend: Backend, name: str, paused: bool, *, by: str
     return bool(changed) if known else None
 
 
-@_reports_outage
+@reports_outage
 async def queue_set_limits(backend: Backend, name: str, change: LimitChange, *, by: str, reason: str | None
                            ) -> QueueLimits:
     async with backend.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(sql.query("queue_set_limits"), change.params() | {"name": name, "by": by, "reason": reason})
         row = await cur.fetchone()
     assert row is not None
-    return _limits(row, "concurrency_limit")
+    return limits_of(row, "concurrency_limit")
 
 
-@_reports_outage
+@reports_outage
 async def queue_events(backend: Backend, name: str) -> list[dict[str, Any]]:
     async with backend.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(sql.query("queue_events"), {"name": name})
         return list(await cur.fetchall())
 
 
-@_reports_outage
+@reports_outage
 async def job_wait_state(backend: Backend, job_id: UUID) -> WaitState | None:
     async with backend.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(sql.query("job_wait_state"), {"id": job_id})

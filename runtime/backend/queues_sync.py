@@ -15,12 +15,12 @@ from uuid import UUID
 from psycopg.rows import dict_row
 
 from taskq import sql
-from taskq.backend.core_sync import SyncBackend, _reports_outage
-from taskq.backend.queues import LimitChange, WaitState, _limits
+from taskq.backend.core_sync import SyncBackend, reports_outage
+from taskq.backend.queues import LimitChange, WaitState, limits_of
 from taskq.models import ActorLimitsInfo, QueueLimits, QueueStats, QueueStatsReport
 
 
-@_reports_outage
+@reports_outage
 def queue_stats(backend: SyncBackend) -> QueueStatsReport:
     with backend.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         cur.execute(sql.query("queue_stats"))
@@ -38,7 +38,7 @@ def queue_stats(backend: SyncBackend) -> QueueStatsReport:
                 paused_at=r["paused_at"],
                 paused_by=r["paused_by"],
                 pause_reason=r["pause_reason"],
-                limits=_limits(r, "concurrency_limit"),
+                limits=limits_of(r, "concurrency_limit"),
             )
             for r in cur.fetchall()
         ]
@@ -46,7 +46,7 @@ def queue_stats(backend: SyncBackend) -> QueueStatsReport:
         actors = [
             ActorLimitsInfo(
                 actor=r["actor"],
-                limits=_limits(r, "global_concurrency"),
+                limits=limits_of(r, "global_concurrency"),
                 running=r["running"],
                 declared_by=r["declared_by"],
                 updated_at=r["updated_at"],
@@ -56,7 +56,7 @@ def queue_stats(backend: SyncBackend) -> QueueStatsReport:
     return QueueStatsReport(queues=tuple(queues), actor_limits=tuple(actors))
 
 
-@_reports_outage
+@reports_outage
 def queue_set_paused(backend: SyncBackend, name: str, paused: bool, *, by: str, reason: str | None) -> bool | None:
     """True if the queue's state changed, False if it already was so, None if no such queue."""
     with backend.pool.connection() as conn:
@@ -67,7 +67,7 @@ def queue_set_paused(backend: SyncBackend, name: str, paused: bool, *, by: str, 
     return bool(changed) if known else None
 
 
-@_reports_outage
+@reports_outage
 def queue_set_limits(
     backend: SyncBackend, name: str, change: LimitChange, *, by: str, reason: str | None
 ) -> QueueLimits:
@@ -75,17 +75,17 @@ def queue_set_limits(
         cur.execute(sql.query("queue_set_limits"), change.params() | {"name": name, "by": by, "reason": reason})
         row = cur.fetchone()
     assert row is not None
-    return _limits(row, "concurrency_limit")
+    return limits_of(row, "concurrency_limit")
 
 
-@_reports_outage
+@reports_outage
 def queue_events(backend: SyncBackend, name: str) -> list[dict[str, Any]]:
     with backend.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         cur.execute(sql.query("queue_events"), {"name": name})
         return list(cur.fetchall())
 
 
-@_reports_outage
+@reports_outage
 def job_wait_state(backend: SyncBackend, job_id: UUID) -> WaitState | None:
     with backend.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         cur.execute(sql.query("job_wait_state"), {"id": job_id})

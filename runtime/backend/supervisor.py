@@ -11,6 +11,7 @@ import psycopg
 
 from taskq import sql
 from taskq.backend._conn import connect_error
+from taskq.backend.workers import reclaim_params
 
 CONNECT_TIMEOUT = 3
 """Seconds (libpq takes whole seconds, at least 2)."""
@@ -18,9 +19,6 @@ RECLAIM_LIMIT = 1_000_000
 """No real bound: one worker holds at most twice `concurrency` rows (those running, those whose outcome
 is being written)."""
 STATEMENT_TIMEOUT_MS = 5000
-RETRY_BASE_DELAY = 1.0
-RETRY_MAX_DELAY = 60.0
-"""Backoff of a reclaimed row that has attempts left: the same as the lock-expiry sweeper's."""
 
 
 def _connect(dsn: str, *, autocommit: bool) -> psycopg.Connection[tuple[object, ...]]:
@@ -41,8 +39,8 @@ def reclaim_dead_worker(
             # the sweeper's query and verdicts, for this worker's rows only and without waiting for expiry
             cur = conn.execute(
                 sql.query("job_reclaim"),
-                {"worker_id": worker_id, "cause": cause, "detail": detail, "sweeper_id": reclaimer_id, "tracked": None,
-                 "limit": RECLAIM_LIMIT, "base_delay": RETRY_BASE_DELAY, "max_delay": RETRY_MAX_DELAY},
+                reclaim_params(worker_id=worker_id, cause=cause, detail=detail, reclaimer_id=reclaimer_id,
+                               tracked=None, limit=RECLAIM_LIMIT),
             )
             counts: dict[str, int] = {}
             for _job_id, status in cur.fetchall():

@@ -101,7 +101,7 @@ async def insert_many_unique(
     return skipped
 
 
-def _params(batch: JobBatch, rows: Sequence[int], notify: bool) -> dict[str, Any]:
+def unique_params(batch: JobBatch, rows: Sequence[int], notify: bool) -> dict[str, Any]:
     assert batch.unique_keys is not None
     params = batch.params()
     params["notify"] = notify
@@ -122,7 +122,7 @@ async def _on_conflict(
     written or has a holder."""
     skipped: dict[int, UUID] = {}
     for _ in range(UNIQUE_INSERT_TRIES):
-        cur = await caller_cursor(conn).execute(sql.query("job_insert_many_unique"), _params(batch, rows, notify))
+        cur = await caller_cursor(conn).execute(sql.query("job_insert_many_unique"), unique_params(batch, rows, notify))
         row = await cur.fetchone()
         assert row is not None
         if row[0] == len(rows):
@@ -130,7 +130,7 @@ async def _on_conflict(
         rows = await _resolve(conn, batch, rows, set(row[1] or ()), skipped)
         if not rows:
             return skipped
-    raise _contention(rows)
+    raise contention(rows)
 
 
 async def _resolve(
@@ -154,7 +154,7 @@ async def _resolve(
     return retry
 
 
-def _contention(rows: Sequence[int]) -> UniqueKeyContention:
+def contention(rows: Sequence[int]) -> UniqueKeyContention:
     return UniqueKeyContention(
         f"{len(rows)} unique keys: their holders kept ending between insert and lookup "
         f"({UNIQUE_INSERT_TRIES} tries); try again"

@@ -29,7 +29,7 @@ from taskq import sql
 from taskq.backend.caller_sync import caller_cursor
 from taskq.backend.params import UNIQUE_INSERT_TRIES, InsertedJob, JobBatch, JobInsert, row_to_job
 from taskq.backend.sync_pool import LazyConnectionPool
-from taskq.backend.unique import _contention, _params
+from taskq.backend.unique import contention, unique_params
 from taskq.exceptions import UniqueKeyContention
 from taskq.models import JobRow
 
@@ -109,7 +109,7 @@ def _on_conflict(conn: Connection[Any], batch: JobBatch, rows: Sequence[int], no
     written or has a holder."""
     skipped: dict[int, UUID] = {}
     for _ in range(UNIQUE_INSERT_TRIES):
-        cur = caller_cursor(conn).execute(sql.query("job_insert_many_unique"), _params(batch, rows, notify))
+        cur = caller_cursor(conn).execute(sql.query("job_insert_many_unique"), unique_params(batch, rows, notify))
         row = cur.fetchone()
         assert row is not None
         if row[0] == len(rows):
@@ -117,7 +117,7 @@ def _on_conflict(conn: Connection[Any], batch: JobBatch, rows: Sequence[int], no
         rows = _resolve(conn, batch, rows, set(row[1] or ()), skipped)
         if not rows:
             return skipped
-    raise _contention(rows)
+    raise contention(rows)
 
 
 def _resolve(

@@ -100,6 +100,20 @@ class QueueControlRead:
     """How many actors have fleet-wide limits (their jobs may be in any queue)."""
 
 
+RECLAIM_BASE_DELAY = 1.0
+RECLAIM_MAX_DELAY = 60.0
+"""Seconds: the backoff of a reclaimed row that has attempts left, whoever reclaims it (the sweeper, a worker
+reclaiming its own predecessor's rows, the supervisor reclaiming a dead worker's)."""
+
+
+def reclaim_params(*, worker_id: str | None, cause: str, detail: str | None, reclaimer_id: str,
+                   tracked: list[UUID] | None, limit: int | None) -> dict[str, Any]:
+    """The parameters of `job_reclaim`: the rows of `worker_id` (every worker's expired rows when None),
+    at most `limit` of them, reclaimed by `reclaimer_id` for `cause`."""
+    return {"worker_id": worker_id, "cause": cause, "detail": detail, "sweeper_id": reclaimer_id,
+            "tracked": tracked, "limit": limit, "base_delay": RECLAIM_BASE_DELAY, "max_delay": RECLAIM_MAX_DELAY}
+
+
 class WorkerStore:
     def __init__(self, backend: Backend, worker_id: str) -> None:
         self.backend = backend
@@ -286,8 +300,8 @@ class WorkerStore:
         async with self.pool.connection() as conn:
             cur = await conn.execute(
                 sql.query("job_reclaim"),
-                {"worker_id": worker_id, "detail": detail, "limit": limit, "base_delay": 1.0, "max_delay": 60.0,
-                 "cause": cause, "sweeper_id": self.worker_id, "tracked": list(tracked)},
+                reclaim_params(worker_id=worker_id, cause=cause, detail=detail, reclaimer_id=self.worker_id,
+                               tracked=list(tracked), limit=limit),
             )
             counts: dict[str, int] = {}
             for _, status in await cur.fetchall():

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from taskq import sql
-from taskq.backend.migrations import migrate_dsn
+from taskq.backend.migrations import migrate_dsn, migration_names
 from taskq.cli._base import (
     Command,
     ExitCode,
@@ -23,7 +22,7 @@ def cmd_dsn(args: argparse.Namespace) -> int:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     outcome = asyncio.run(migrate_dsn(dsn_of(args)))
-    names = {m.version: m.name for m in sql.migrations()}
+    names = migration_names()
     for version in outcome.applied:
         emit(f"applied {version:04d}_{names.get(version, '?')}")
     if outcome.applied:

@@ -26,7 +26,8 @@ from taskq.cli._base import (
     with_client,
 )
 from taskq.cli.args import int_arg, job_id_arg, seconds_arg, when_arg
-from taskq.client import DEFAULT_MAX_PAYLOAD_BYTES, JobHandle, JobsClient, prepare_insert
+from taskq.client import JobHandle, JobsClient
+from taskq.enqueue import DEFAULT_MAX_PAYLOAD_BYTES, prepare_insert
 from taskq.models import UNIQUE_SCOPES, JobFilter
 from taskq.ops import queues
 

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from taskq.actors.declaration import default_registry
-from taskq.client import DEFAULT_MAX_PAYLOAD_BYTES, prepare_insert
+from taskq.enqueue import DEFAULT_MAX_PAYLOAD_BYTES, prepare_insert
 from taskq.exceptions import ConfigurationError, DatabaseUnavailable, PayloadInvalid
 from taskq.ops.queues import check_queue_name
 from taskq.ops.tokens import Principal

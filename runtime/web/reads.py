@@ -158,7 +158,7 @@ async def job_detail(backend: Backend, who: Principal, job_id: UUID) -> dict[str
     row = await readable_job(backend, who, job_id)
     events = await backend.job_events(job_id)
     attempts = await backend.job_attempts(job_id)
-    async with backend.pool.connection() as conn:
+    async with backend.connection() as conn:
         edges = await dependency_store.dependencies(conn, job_id)
     spawned = await web_store.jobs(backend, "job_children", {"id": job_id, "limit": DETAIL_CHILDREN})
     audit = await fetch_all(backend, "audit_for_job", {"id": job_id})

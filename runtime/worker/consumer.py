@@ -15,8 +15,9 @@ from taskq import tracing, workflows
 from taskq.actors.declaration import Actor
 from taskq.actors.executors import Executor
 from taskq.backend.workers import RETRY, ClaimedJob, Finish
-from taskq.client import JobHandle, encode_payload, prepare_insert
+from taskq.client import JobHandle
 from taskq.context import JobContext
+from taskq.enqueue import encode_payload, prepare_insert
 from taskq.exceptions import DependencyInvalid, PayloadInvalid, ResultInvalid, Snooze
 from taskq.metrics import JOB_DURATION, JOBS_COMPLETED, JOBS_SNOOZED
 from taskq.models import CancelMarker, CancelOrigin, CancelPhase, JobRow, JobStatus

@@ -10,8 +10,8 @@ from uuid import UUID
 
 import psycopg
 
-from taskq import sql
 from taskq.backend import CANCEL_CHANNEL, JOBS_CHANNEL
+from taskq.backend.notify import open_listener
 from taskq.backend.queues import QUEUES_CHANNEL
 from taskq.metrics import JOBS_CLAIMED, JOBS_IN_FLIGHT, LIMITED_CLAIMS
 from taskq.worker.resolver import SETTLE_CHANNEL
@@ -141,9 +141,8 @@ class Listener:
         queues = set(self.w.settings.queues)
         while True:
             try:
-                conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+                conn = await open_listener(self.dsn)
                 async with conn:
-                    await conn.execute(sql.query("listen"))
                     self.connected.set()
                     backoff = 0.1
                     self.w.control.invalidate()  # a pause or limit change made while we were away

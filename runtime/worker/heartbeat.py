@@ -116,7 +116,7 @@ class Heartbeat:
             # a tick still waiting on the database when the leases run out is abandoned: from then on
             # another worker's sweeper may own the rows, and our actors must stop
             async with asyncio.timeout_at(deadline):
-                async with self.w.backend.pool.connection() as conn, conn.transaction():
+                async with self.w.backend.transaction() as conn:
                     read = await self.w.store.heartbeat(conn, self.w.settings.lock_timeout)
                     lost, cancels = (read.lost, read.cancels) if read.worker_row else await self._reconcile(conn)
                     await self.w.controller.run_in_tx(conn, cancels)
