@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 from uuid import UUID
 
 from psycopg import AsyncConnection
@@ -15,7 +15,22 @@ from psycopg import AsyncConnection
 from taskq import sql, tracing
 from taskq.backend._conn import uuid7_many
 from taskq.backend.core import Backend
-from taskq.schedules import Misfire, Overlap, Schedule, SlotSpec
+from taskq.slots import Misfire, Overlap, SlotSpec
+
+
+class Declared(Protocol):
+    """What the store reads of a schedule declared in code (`taskq.schedules.Schedule` is one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def spec(self) -> SlotSpec: ...
+
+    @property
+    def definition(self) -> str: ...
+
+    def declaration(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +80,7 @@ class ScheduleStore:
     def __init__(self, backend: Backend) -> None:
         self.pool = backend.pool
 
-    async def sync(self, schedules: Sequence[Schedule], owner: str) -> SyncOutcome:
+    async def sync(self, schedules: Sequence[Declared], owner: str) -> SyncOutcome:
         """Upsert the declarations and disable the owner's schedules that are no longer declared, in one
         transaction. New and changed slot sequences start at their first slot after the database's now."""
         names = [s.name for s in schedules]
