@@ -35,8 +35,8 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 
 from taskq import sql
+from taskq.backend.migrations import migrate_dsn
 from taskq.embedded import embedded_dsn, stop_embedded
-from taskq.migrations import migrate_dsn
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = ROOT / "sql" / "schema.sql"
