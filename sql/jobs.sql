@@ -1,25 +1,6 @@
--- Queries used by JobsClient, the CLI and the migration runner. Parameters are psycopg %(name)s.
-
--- name: migrations_bootstrap
-CREATE SCHEMA IF NOT EXISTS taskq;
-CREATE TABLE IF NOT EXISTS taskq.schema_migrations (
-    version    integer     PRIMARY KEY,
-    name       text        NOT NULL,
-    checksum   text        NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
-);
-
--- name: migrations_lock
-SELECT pg_advisory_xact_lock(%(key)s);
-
--- name: migrations_applied
-SELECT version, name, checksum FROM taskq.schema_migrations ORDER BY version;
-
--- name: migrations_record
-INSERT INTO taskq.schema_migrations (version, name, checksum) VALUES (%(version)s, %(name)s, %(checksum)s);
-
--- name: schema_version
-SELECT coalesce(max(version), 0) AS version FROM taskq.schema_migrations;
+-- A job's row over its life: enqueue (with unique keys and the NOTIFY), reads, operator cancel and requeue
+-- (taskq.backend.core), and the worker's outcome writes (taskq.backend.workers). Every write to a claimed
+-- row is fenced on (id, status='running', attempt, claim_epoch). Parameters are psycopg %(name)s.
 
 -- name: job_insert
 -- Returns only what the server decides; the client knows the rest of the row it sent. A plain
@@ -225,56 +206,6 @@ SELECT u.id, u.prev,
         END) IS NULL AS _n
 FROM upd AS u;
 
--- ---- schedules (taskq.schedule_admin through the Backend) ------------------------------------------
-
--- name: schedule_list
-SELECT s.name, s.actor, s.queue, s.cron, s.every_seconds, s.timezone, s.misfire, s.overlap, s.enabled,
-       s.paused_at IS NOT NULL AS paused, s.paused_at, s.paused_by, s.next_run_at, s.last_run_at, s.last_job_id,
-       s.last_outcome, j.status AS last_job_status, s.missed_total, s.owner, s.updated_at
-FROM taskq.schedules AS s
-LEFT JOIN taskq.jobs AS j ON j.id = s.last_job_id
-WHERE %(name)s::text IS NULL OR s.name = %(name)s::text
-ORDER BY s.name;
-
--- name: schedule_set_paused
--- Pause (or resume) one schedule; `changed` is false when it already was so. A paused schedule makes no
--- slot job; on resume the slots it passed are misfires, handled by its misfire policy.
-WITH old AS (
-    SELECT name, paused_at IS NOT NULL AS was_paused FROM taskq.schedules WHERE name = %(name)s FOR UPDATE
-), upd AS (
-    UPDATE taskq.schedules AS s SET
-        paused_at = CASE WHEN %(paused)s::boolean THEN coalesce(s.paused_at, now()) END,
-        paused_by = CASE WHEN %(paused)s::boolean THEN coalesce(s.paused_by, %(by)s::text) END,
-        resumed_at = CASE WHEN %(paused)s::boolean THEN s.resumed_at ELSE now() END,
-        updated_at = now()
-    FROM old
-    WHERE s.name = old.name AND old.was_paused IS DISTINCT FROM %(paused)s::boolean
-    RETURNING s.name
-)
-SELECT old.name, (SELECT count(*) FROM upd) > 0 AS changed FROM old;
-
--- name: schedule_trigger
--- One job now, outside the slot sequence, whatever the schedule's state (paused, disabled or not).
--- Its scheduled_for is the trigger's instant, never a whole second (slot times are), and it has no
--- unique key: it never takes a slot's place. It becomes the schedule's last job (overlap='skip' waits
--- for it).
-WITH s AS (
-    SELECT * FROM taskq.schedules WHERE name = %(name)s FOR UPDATE
-), ins AS (
-    INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts, scheduled_at,
-                            schedule, scheduled_for)
-    SELECT %(id)s, s.actor, s.queue, s.payload, 'pending', s.priority, s.tags, s.max_attempts, now(), s.name,
-           now() + CASE WHEN date_trunc('second', now()) = now() THEN interval '1 microsecond'
-                        ELSE interval '0' END
-    FROM s
-    RETURNING id, schedule, scheduled_for, queue
-), upd AS (
-    UPDATE taskq.schedules AS t SET last_job_id = ins.id, last_run_at = ins.scheduled_for,
-        last_outcome = 'triggered', updated_at = now()
-    FROM ins WHERE t.name = ins.schedule
-)
-SELECT ins.id, ins.scheduled_for, pg_notify('taskq_jobs', ins.queue) IS NULL AS _n FROM ins;
-
 -- name: job_requeue
 -- The operator's requeue of one job, in one statement: from failed, crashed or abandoned back to
 -- pending, due now, with a fresh budget (max_attempts = attempt + the budget: the actor's max_attempts
@@ -395,103 +326,179 @@ SELECT d.id, d.prev, u.id IS NOT NULL AS requeued, d.conflict_job_id,
 FROM decided AS d LEFT JOIN upd AS u ON u.id = d.id
 ORDER BY d.id;
 
--- ---- dependencies (taskq.workflows through the Backend) ---------------------------------------------
-
--- name: job_insert_dependent
--- Jobs that wait on parents (enqueue with depends_on, one node of a workflow, or an enqueue_many sharing
--- its parents): every option shared, ids and payloads as arrays, the same parents for every job. The
--- parents are locked first (FOR NO KEY UPDATE, in id order), and their status read under the lock: a
--- parent whose terminal write is in flight either committed before (its status here is terminal, and the
--- edge is born resolved) or waits for this transaction and then finds the edge (jobs_settle_dependents).
--- A parent already terminal resolves its edge at once by the cascade's rules: the job is cancelled
--- (ParentFailed) in mode on_success if a parent ended other than succeeded, released if none is left.
--- Writes nothing when a parent does not exist (`missing` lists them; the caller rolls back the lock's
--- has_dependents mark with its transaction).
-WITH locked AS (
-    SELECT id, status, has_dependents FROM taskq.jobs
-    WHERE id = ANY(%(parent_ids)s::uuid[])
-    ORDER BY id
-    FOR NO KEY UPDATE
-), mark AS (
-    UPDATE taskq.jobs AS j SET revision = j.revision + 1, has_dependents = true
-    FROM locked AS l WHERE j.id = l.id AND NOT l.has_dependents
-), v AS (
-    SELECT count(*) AS found,
-           count(*) FILTER (WHERE status NOT IN ('succeeded', 'failed', 'cancelled', 'crashed', 'abandoned'))::int
-               AS remaining,
-           min(status) FILTER (WHERE status IN ('failed', 'cancelled', 'crashed', 'abandoned')) AS failed,
-           min(id::text) FILTER (WHERE status IN ('failed', 'cancelled', 'crashed', 'abandoned'))::uuid
-               AS failed_parent
-    FROM locked
-), decided AS (
-    SELECT v.*,
-           CASE WHEN v.failed IS NOT NULL AND %(dependency_mode)s::text = 'on_success' THEN 'cancelled'
-                WHEN v.remaining > 0 THEN 'awaiting_parents'
-                WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled'
-                ELSE 'pending' END AS status
-    FROM v WHERE v.found = cardinality(%(parent_ids)s::uuid[])
-), ins AS (
-    INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
-                            scheduled_at, schedule_to_close, parent_id, idempotent, trace_context, concurrency_key,
-                            parents_remaining, dependency_mode,
-                            cancel_requested_at, cancel_reason, error_class, error_message, finished_at)
-    SELECT u.id, %(actor)s::text, %(queue)s::text, u.payload::jsonb, d.status,
-           %(priority)s::int, %(tags)s::text[], %(max_attempts)s::int,
-           greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
-           now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s::uuid,
-           %(idempotent)s::boolean, %(trace_context)s::jsonb, %(concurrency_key)s::text,
-           d.remaining, %(dependency_mode)s::text,
-           CASE WHEN d.status = 'cancelled' THEN now() END,
-           CASE WHEN d.status = 'cancelled' THEN 'parent-failure:' || d.failed END,
-           CASE WHEN d.status = 'cancelled' THEN 'ParentFailed' END,
-           CASE WHEN d.status = 'cancelled' THEN format('parent %%s ended %%s', d.failed_parent, d.failed) END,
-           CASE WHEN d.status = 'cancelled' THEN now() END
-    FROM decided AS d, unnest(%(ids)b::uuid[], %(payloads)b::text[]) AS u(id, payload)
-    RETURNING id, status, scheduled_at, schedule_to_close, created_at
-), edges AS (
-    INSERT INTO taskq.job_dependencies (parent_id, child_id, resolved_at, parent_status)
-    SELECT l.id, i.id,
-           CASE WHEN l.status IN ('succeeded', 'failed', 'cancelled', 'crashed', 'abandoned') THEN now() END,
-           CASE WHEN l.status IN ('succeeded', 'failed', 'cancelled', 'crashed', 'abandoned') THEN l.status END
-    FROM locked AS l, ins AS i
+-- name: job_finish_batch
+-- Every outcome of an attempt, batched: succeeded / failed / cancelled / abandoned / crashed, or
+-- 'scheduled' for a retry after retry_delay seconds (outcome 'retried'), or for a snooze (outcome
+-- 'snoozed': the actor raised taskq.Snooze; it gives its attempt back to the budget, max_attempts + 1,
+-- and its event is of kind 'snoozed'). Rows whose fence fails are left alone; the
+-- caller counts them as stale writes. A cancelled verdict needs a real cancel request on the row.
+-- A retry is never written over an operator's cancel request: an attempt that failed after the request
+-- committed but before its worker saw it ends cancelled (the marker of the row's cancel phase), as the
+-- sweeper and the shutdown release do; re-running it would drop the request the operator was told
+-- had been initiated.
+-- The arrays are sent in binary (the `b` placeholders): as text, every element would cost the worker
+-- a regex escape.
+WITH i AS (
+    SELECT * FROM unnest(%(ids)b::uuid[], %(attempts)b::int[], %(epochs)b::bigint[], %(statuses)b::text[],
+                         %(results)b::jsonb[], %(error_classes)b::text[], %(error_messages)b::text[],
+                         %(retry_delays)b::float8[], %(outcomes)b::text[], %(details)b::jsonb[],
+                         %(first_traces)b::jsonb[])
+        AS t(id, attempt, epoch, status, result, error_class, error_message, retry_delay, outcome, detail,
+             first_trace)
+), upd AS (
+    -- the cancel request is read from the locked row (not from the statement's snapshot), so a request
+    -- that commits while this statement waits for the row lock is honoured too
+    UPDATE taskq.jobs AS j SET
+        revision = j.revision + 1,
+        status = CASE WHEN i.status = 'scheduled' AND j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                      ELSE i.status END,
+        result = CASE WHEN i.status = 'succeeded' THEN i.result ELSE j.result END,
+        error_class = CASE WHEN i.status = 'succeeded' THEN NULL
+                           WHEN i.status = 'scheduled' AND j.cancel_requested_at IS NOT NULL
+                           THEN CASE WHEN j.cancel_phase >= 2 THEN 'CancelledForced' ELSE 'CancelledCooperatively' END
+                           ELSE i.error_class END,
+        error_message = CASE WHEN i.status = 'succeeded' THEN NULL ELSE i.error_message END,
+        finished_at = CASE WHEN i.status = 'scheduled' AND j.cancel_requested_at IS NULL THEN NULL ELSE now() END,
+        scheduled_at = CASE WHEN i.status = 'scheduled' AND j.cancel_requested_at IS NULL
+                            THEN now() + i.retry_delay * interval '1 second' ELSE j.scheduled_at END,
+        worker_id = CASE WHEN i.status = 'scheduled' AND j.cancel_requested_at IS NULL THEN NULL
+                         ELSE j.worker_id END,
+        lock_expires_at = NULL,
+        cancel_phase = CASE WHEN i.status = 'scheduled' AND j.cancel_requested_at IS NULL THEN 0
+                            WHEN i.error_class = 'CancelledForced' THEN 2 ELSE j.cancel_phase END,
+        max_attempts = j.max_attempts
+                       + CASE WHEN i.outcome = 'snoozed' AND j.cancel_requested_at IS NULL THEN 1 ELSE 0 END,
+        snooze_count = j.snooze_count
+                       + CASE WHEN i.outcome = 'snoozed' AND j.cancel_requested_at IS NULL THEN 1 ELSE 0 END,
+        -- a traced retry: its attempt's span, for the later attempts' links (taskq.contrib.otel)
+        trace_context = CASE WHEN i.first_trace IS NULL THEN j.trace_context
+                             ELSE coalesce(j.trace_context, '{}'::jsonb) || i.first_trace END
+    FROM i
+    -- the fence on status is written as coalesce(j.status, '') (status is NOT NULL: the same test) so that
+    -- the planner cannot use the partial index jobs_running_lease_idx here: whenever the last ANALYZE saw
+    -- few running rows, the generic plan hash-joined the batch with a full scan of that index, every
+    -- running row of every worker (plus its dead entries until the next vacuum) for each finish. Each row
+    -- is found by its primary key instead (benchmarks/README.md, "statements.py").
+    WHERE j.id = i.id AND coalesce(j.status, '') = 'running' AND j.attempt = i.attempt AND j.claim_epoch = i.epoch
+      AND (i.status <> 'cancelled' OR j.cancel_requested_at IS NOT NULL)
+    -- j.* here is the row as written: a retry turned into a cancel reads status 'cancelled'
+    RETURNING j.id, j.attempt, j.claim_epoch, %(worker_id)s::text AS worker_id, j.status,
+              CASE WHEN i.status = 'scheduled' AND j.status = 'cancelled' THEN 'cancelled' ELSE i.outcome END
+                  AS outcome,
+              CASE WHEN i.status = 'scheduled' AND j.status = 'cancelled' THEN j.error_class ELSE i.error_class END
+                  AS error_class,
+              i.error_message,
+              CASE WHEN i.status = 'scheduled' AND j.status = 'cancelled'
+                   THEN jsonb_build_object('raised', i.error_class, 'retry_dropped', true)
+                   ELSE i.detail END AS detail
+), att AS (
+    UPDATE taskq.job_attempts AS a SET
+        finished_at = now(), outcome = u.outcome, error_class = u.error_class, error_message = u.error_message
+    FROM upd AS u
+    WHERE a.job_id = u.id AND a.claim_epoch = u.claim_epoch
 ), ev AS (
-    INSERT INTO taskq.job_events (job_id, kind, from_status, to_status, attempt, detail)
-    SELECT i.id, 'state_change', 'awaiting_parents', i.status, 0,
-           CASE WHEN i.status = 'cancelled'
-                THEN jsonb_build_object('cause', 'parent-failure:' || d.failed, 'parent_id', d.failed_parent,
-                                        'error_class', 'ParentFailed', 'at_enqueue', true)
-                ELSE jsonb_build_object('cause', 'parents-settled', 'at_enqueue', true) END
-    FROM ins AS i, decided AS d WHERE i.status <> 'awaiting_parents'
+    INSERT INTO taskq.job_events (job_id, kind, from_status, to_status, attempt, worker_id, detail)
+    SELECT u.id, CASE WHEN u.outcome = 'snoozed' THEN 'snoozed' ELSE 'state_change' END,
+           'running', u.status, u.attempt, u.worker_id,
+           coalesce(u.detail, '{}'::jsonb)
+           || jsonb_strip_nulls(jsonb_build_object('error_class', u.error_class, 'claim_epoch', u.claim_epoch))
+    FROM upd AS u
 )
-SELECT (SELECT status FROM decided) AS status,
-       (SELECT scheduled_at FROM ins LIMIT 1) AS scheduled_at,
-       (SELECT schedule_to_close FROM ins LIMIT 1) AS schedule_to_close,
-       (SELECT created_at FROM ins LIMIT 1) AS created_at,
-       ARRAY(SELECT p FROM unnest(%(parent_ids)s::uuid[]) AS p EXCEPT SELECT id FROM locked) AS missing,
-       (CASE WHEN %(notify)s::bool AND (SELECT status FROM decided) = 'pending'
-             THEN pg_notify('taskq_jobs', %(queue)s::text) END) IS NULL AS _n;
+SELECT u.id, u.status FROM upd AS u;
 
--- name: job_dependencies
--- `taskq job ID` and JobsClient.dependencies: the job's parents (with their status now and how the edge
--- resolved) and its children.
-SELECT 'parent' AS side, d.parent_id AS job_id, j.status, j.actor, d.resolved_at, d.parent_status
-FROM taskq.job_dependencies AS d LEFT JOIN taskq.jobs AS j ON j.id = d.parent_id
-WHERE d.child_id = %(id)s
-UNION ALL
-SELECT 'child', d.child_id, j.status, j.actor, d.resolved_at, d.parent_status
-FROM taskq.job_dependencies AS d LEFT JOIN taskq.jobs AS j ON j.id = d.child_id
-WHERE d.parent_id = %(id)s
-ORDER BY 1 DESC, 2;
+-- name: job_release_batch
+-- Shutdown RELEASING: give interrupted rows back to the fleet (pending, or scheduled behind a hold),
+-- attempt not refunded, interrupt_count + 1, progress kept. An attempt flagged `unsafe` (a non-idempotent
+-- actor the shutdown had to force: its effect is unknown) ends crashed (WorkerShutdown) instead, for an
+-- operator to requeue. Two more rows are not released: one that
+-- carries an operator's cancel request ends cancelled (CancelledForced: the operator's own verdict,
+-- the same fenced write the unwinding consumer races), and one past its schedule_to_close ends failed
+-- (DeadlineExceeded). Rows whose fence fails are left alone.
+WITH i AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(epochs)s::bigint[], %(unsafe)s::bool[])
+        AS t(id, attempt, epoch, unsafe)
+), verdict AS (
+    SELECT j.id, j.attempt, j.claim_epoch,
+           CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                WHEN j.schedule_to_close IS NOT NULL AND j.schedule_to_close <= now() THEN 'failed'
+                WHEN i.unsafe THEN 'crashed'
+                WHEN j.scheduled_at > now() THEN 'scheduled'
+                ELSE 'pending' END AS status
+    FROM taskq.jobs AS j JOIN i ON i.id = j.id
+    -- coalesce: by primary key, never a scan of jobs_running_lease_idx (see job_finish_batch)
+    WHERE coalesce(j.status, '') = 'running' AND j.attempt = i.attempt AND j.claim_epoch = i.epoch
+), upd AS (
+    UPDATE taskq.jobs AS j SET
+        revision = j.revision + 1,
+        status = v.status,
+        interrupt_count = j.interrupt_count + CASE WHEN v.status IN ('pending', 'scheduled') THEN 1 ELSE 0 END,
+        worker_id = CASE WHEN v.status IN ('pending', 'scheduled') THEN NULL ELSE j.worker_id END,
+        lock_expires_at = NULL,
+        cancel_phase = CASE WHEN v.status = 'cancelled' THEN greatest(j.cancel_phase, 2)
+                            WHEN v.status = 'failed' THEN j.cancel_phase ELSE 0 END,
+        finished_at = CASE WHEN v.status IN ('pending', 'scheduled') THEN NULL ELSE now() END,
+        error_class = CASE v.status WHEN 'cancelled' THEN 'CancelledForced'
+                                    WHEN 'failed' THEN 'DeadlineExceeded'
+                                    WHEN 'crashed' THEN 'WorkerShutdown' ELSE j.error_class END,
+        error_message = CASE v.status
+                            WHEN 'cancelled' THEN 'cancelled by an operator while the worker was shutting down'
+                            WHEN 'failed' THEN 'schedule_to_close passed while the worker was shutting down'
+                            WHEN 'crashed' THEN 'the worker shut down and had to force this attempt of a '
+                                                'non-idempotent actor: its effect is unknown, so it is not re-run '
+                                                '(requeue it once checked)'
+                            ELSE j.error_message END
+    FROM verdict AS v
+    WHERE j.id = v.id AND coalesce(j.status, '') = 'running' AND j.claim_epoch = v.claim_epoch
+    RETURNING j.id, j.attempt, j.claim_epoch, v.status
+), att AS (
+    UPDATE taskq.job_attempts AS a SET finished_at = now(),
+        outcome = CASE u.status WHEN 'cancelled' THEN 'cancelled' WHEN 'failed' THEN 'failed'
+                                WHEN 'crashed' THEN 'crashed' ELSE 'interrupted' END,
+        error_class = CASE u.status WHEN 'cancelled' THEN 'CancelledForced' WHEN 'failed' THEN 'DeadlineExceeded'
+                                    ELSE 'WorkerShutdown' END,
+        error_message = 'worker shutdown'
+    FROM upd AS u
+    WHERE a.job_id = u.id AND a.claim_epoch = u.claim_epoch
+), ev AS (
+    INSERT INTO taskq.job_events (job_id, kind, from_status, to_status, attempt, worker_id, detail)
+    SELECT u.id, 'state_change', 'running', u.status, u.attempt, %(worker_id)s,
+           jsonb_build_object('cause', 'shutdown', 'released', u.status IN ('pending', 'scheduled'),
+                              'claim_epoch', u.claim_epoch)
+           || CASE WHEN u.status = 'cancelled'
+                   THEN jsonb_build_object('error_class', 'CancelledForced', 'cancel_phase', 2)
+                   WHEN u.status = 'crashed'
+                   THEN jsonb_build_object('error_class', 'WorkerShutdown', 'idempotent', false)
+                   ELSE '{}'::jsonb END
+    FROM upd AS u
+)
+SELECT u.id, u.status FROM upd AS u;
 
--- name: job_parent_results
--- ctx.parent_results(): every parent's actor, status and stored result (NULL unless it succeeded).
-SELECT d.parent_id, j.actor, j.status, j.result
-FROM taskq.job_dependencies AS d JOIN taskq.jobs AS j ON j.id = d.parent_id
-WHERE d.child_id = %(id)s
-ORDER BY d.parent_id;
+-- name: job_mark_not_idempotent
+-- Before the first run of an `@actor(idempotent=False)` whose row does not say so (it was enqueued by
+-- name): record it, fenced, so that any reclaimer (which may not know the actor) ends it crashed rather
+-- than retry it. No row: the attempt no longer holds the job and must not run.
+UPDATE taskq.jobs SET revision = revision + 1, idempotent = false
+WHERE id = %(id)s AND status = 'running' AND attempt = %(attempt)s AND claim_epoch = %(epoch)s
+RETURNING id;
 
--- name: job_revive_dependents
--- requeue(..., cascade=True), after the parents' requeue in the same transaction: the children that the
--- cascade cancelled (ParentFailed) because of these parents go back to awaiting_parents, and so on down
--- the graph, through taskq.revive_dependents. Returns the jobs revived.
-SELECT r.id FROM taskq.revive_dependents(%(ids)s::uuid[], %(reason)s::text) AS r(id);
+-- name: job_progress
+-- coalesce: by primary key, never a scan of jobs_running_lease_idx (see job_finish_batch)
+UPDATE taskq.jobs SET revision = revision + 1, progress = %(progress)s::jsonb
+WHERE id = %(id)s AND coalesce(status, '') = 'running' AND attempt = %(attempt)s AND claim_epoch = %(epoch)s
+RETURNING id;
+
+-- name: job_cancel_escalate
+-- CANCEL_ESCALATION_SQL (spec §3): phase 1 -> 2 on a row we hold, with its event; rowcount 0 = skip.
+WITH upd AS (
+    UPDATE taskq.jobs SET revision = revision + 1, cancel_phase = 2
+    -- coalesce: by primary key, never a scan of jobs_running_lease_idx (see job_finish_batch)
+    WHERE id = %(id)s AND coalesce(status, '') = 'running' AND attempt = %(attempt)s AND claim_epoch = %(epoch)s
+      AND cancel_phase = 1
+    RETURNING id, attempt
+), ev AS (
+    INSERT INTO taskq.job_events (job_id, kind, from_status, to_status, attempt, worker_id, detail)
+    SELECT u.id, 'state_change', 'running', 'running', u.attempt, %(worker_id)s,
+           jsonb_build_object('cancel_phase_from', 1, 'cancel_phase_to', 2, 'worker_id', %(worker_id)s::text)
+    FROM upd AS u
+)
+SELECT id FROM upd;
