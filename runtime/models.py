@@ -126,6 +126,20 @@ class JobRow(BaseModel):
         return self.status.is_terminal
 
 
+class EventKind(enum.StrEnum):
+    """The kinds of a job's timeline entries (`JobEvent.kind`; the CHECK list of taskq.job_events.kind)."""
+
+    STATE_CHANGE = "state_change"
+    """The row moved from one status to another (`from_status`, `to_status`)."""
+    CANCEL_REQUESTED = "cancel_requested"
+    PROGRESS = "progress"
+    NOTE = "note"
+    SNOOZED = "snoozed"
+    REQUEUED = "requeued"
+    OPERATOR = "operator"
+    """The web API's audit entry on the job's timeline (who did what; any state change is its own entry)."""
+
+
 class JobEvent(BaseModel):
     model_config = _frozen
 

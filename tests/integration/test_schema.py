@@ -16,7 +16,7 @@ import pytest
 from sqltext import created_routines
 
 from taskq import sql
-from taskq.models import TERMINAL_STATUSES, UNIQUE_SCOPES, CancelPhase, JobStatus
+from taskq.models import TERMINAL_STATUSES, UNIQUE_SCOPES, CancelPhase, EventKind, JobStatus
 
 SCHEMA = "taskq"
 SCHEMA_FILE = Path(__file__).resolve().parents[2] / "sql" / "schema.sql"
@@ -305,6 +305,10 @@ def check_list(dsn: str, table: str, constraint: str, column: str, *, negated: b
 
 def test_job_status_is_the_check_list_of_jobs_status(module_dsn: str) -> None:
     assert check_list(module_dsn, "jobs", "jobs_status_check", "status") == [s.value for s in JobStatus]
+
+
+def test_the_event_kinds_are_the_check_list_of_job_events_kind(module_dsn: str) -> None:
+    assert check_list(module_dsn, "job_events", "job_events_kind_check", "kind") == [k.value for k in EventKind]
 
 
 def test_the_terminal_statuses_are_those_that_must_carry_finished_at(module_dsn: str) -> None:
