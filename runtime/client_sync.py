@@ -73,6 +73,8 @@ class SyncJobHandle(Generic[R]):
         self.job_id = job_id
         self.created = created
         self._row = row
+        # enqueue knows the whole row it wrote, but building the model costs as much Python as the
+        # insert itself, and most producers never look at it: build it on first access
         self._row_loader = row_loader if row is None else None
         self._client = client
         self._result_adapter = result_adapter
@@ -316,6 +318,8 @@ class SyncJobsClient:
             order: list[int] | None = None
             rows_ids, rows_json = (ids, encoded)
         else:
+            # rows in key order: concurrent batches with overlapping keys then wait on each other's
+            # keys in one order, which cannot deadlock
             given = keys
             order = sorted(range(len(given)), key=lambda i: given[i] or "")
             rows_ids, rows_json, keys = (
@@ -426,6 +430,8 @@ class SyncJobsClient:
             cascade=cascade,
         )
 
+    # -- dependencies (taskq.workflows) -----------------------------------------------------------
+
     def workflow(self, *, connection: Connection[Any] | None = None) -> workflows_sync.Workflow:
         """A graph builder: `with client.workflow() as wf: a = wf.enqueue(...); b = wf.enqueue(...,
         depends_on=[a])`; written in one transaction (with `connection`, in that one) at the end of the
@@ -435,6 +441,8 @@ class SyncJobsClient:
     def dependencies(self, job_id: UUID | str) -> list[workflows.DependencyEdge]:
         """The job's parents (their status now, and how each ended when its edge resolved) and children."""
         return workflows_sync.job_dependencies(self.backend, job_id)
+
+    # -- schedules (taskq.ops.schedules) ---------------------------------------------------------
 
     def list_schedules(self) -> list[ScheduleInfo]:
         return schedule_ops_sync.list_schedules(self.backend)
@@ -447,6 +455,8 @@ class SyncJobsClient:
 
     def trigger_schedule(self, name: str) -> ScheduleTriggerResult:
         return schedule_ops_sync.trigger_schedule(self.backend, name)
+
+    # -- queues (taskq.ops.queues) --------------------------------------------------------------------
 
     def queue_stats(self) -> QueueStatsReport:
         return queue_ops_sync.queue_stats(self.backend)

@@ -193,6 +193,7 @@ class Workflow:
         inserted = enqueue_graph(self._client.backend, graph, conn=self._connection)
         self.written = True
         for node, row in zip(self._nodes, inserted, strict=True):
+            # a job with parents: its row (remaining count, mode) is read on refresh()
             loader = row.row if not node.graph_job.parent_ids else None
             node._handle = SyncJobHandle(
                 row.job_id, client=self._client, row_loader=loader, result_adapter=self._client._adapter(node._target)

@@ -16,7 +16,7 @@ hand. This one works on the AST of each async module:
   AsyncConnectionPool -> taskq.backend.sync_pool.LazyConnectionPool (opened lazily per process), asyncio.sleep
   -> time.sleep, Backend -> SyncBackend, JobsClient -> SyncJobsClient, `from taskq.ops import jobs` ->
   jobs_sync for what it converts, and so on;
-- the result is unparsed (comments are not carried over: read them in the async module), its imports
+- comments inside a converted definition are carried over (ast_comments); the result is unparsed, its imports
   pruned and sorted and the code formatted with ruff, under a header saying it is generated.
 
 To add a module (a new service module with async functions over the Backend), add it to MODULES, run
@@ -33,6 +33,8 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import ast_comments
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -156,12 +158,15 @@ def _defined(node: ast.stmt) -> list[str]:
 def _is_import_block(node: ast.stmt) -> bool:
     if isinstance(node, ast.Import | ast.ImportFrom):
         return True
-    return isinstance(node, ast.If) and all(isinstance(s, ast.Import | ast.ImportFrom) for s in node.body)
+    return isinstance(node, ast.If) and all(
+        isinstance(s, ast.Import | ast.ImportFrom | ast_comments.Comment) for s in node.body
+    )
 
 
 def _body(tree: ast.Module) -> list[ast.stmt]:
-    """The module's statements after its docstring."""
-    body = tree.body
+    """The module's statements after its docstring, without its top-level comments (those stay with the async
+    module; comments inside a converted definition are carried over)."""
+    body = [node for node in tree.body if not isinstance(node, ast_comments.Comment)]
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         return body[1:]
     return body
@@ -273,6 +278,12 @@ class ToSync(ast.NodeTransformer):
         self.generic_visit(node)
         return node
 
+    def visit_Comment(self, node: ast_comments.Comment) -> ast_comments.Comment:
+        """A comment of a converted definition, as the sync face reads it."""
+        text = sync_text(node.value)
+        node.value = self.text.sub(lambda m: self.text_renames[m.group(1)], text) if self.text is not None else text
+        return node
+
     def visit_Constant(self, node: ast.Constant) -> ast.Constant:
         if isinstance(node.value, str) and self.text is not None:
             node.value = self.text.sub(lambda m: self.text_renames[m.group(1)], node.value)
@@ -359,7 +370,7 @@ def generate(mod: Module, tree: ast.Module, converted: dict[str, set[str]]) -> s
     out += new_imports + new_definitions
     module = ast.Module(body=out, type_ignores=[])
     ast.fix_missing_locations(module)
-    code = HEADER.format(source=mod.source.relative_to(ROOT)) + "\n" + ast.unparse(module) + "\n"
+    code = HEADER.format(source=mod.source.relative_to(ROOT)) + "\n" + ast_comments.unparse(module) + "\n"
     return _ruff(code, mod.target)
 
 
@@ -378,7 +389,7 @@ def _ruff(code: str, target: Path) -> str:
 
 
 def generated() -> dict[Path, str]:
-    parsed = {mod.name: ast.parse(mod.source.read_text(encoding="utf-8")) for mod in MODULES}
+    parsed = {mod.name: ast_comments.parse(mod.source.read_text(encoding="utf-8")) for mod in MODULES}
     converted = converted_names(parsed)
     return {mod.target: generate(mod, parsed[mod.name], converted) for mod in MODULES}
 

@@ -172,6 +172,8 @@ class SyncBackend:
         with self.pool.connection() as conn, conn.transaction():
             yield conn
 
+    # -- enqueue ---------------------------------------------------------------------------------
+
     def job_insert(self, job: JobInsert, *, conn: Connection[Any] | None = None) -> JobRow:
         """Insert one job; its NOTIFY follows the commit (backend_notify). With `conn`, runs in the caller's
         transaction, which notifies as it commits."""
@@ -192,6 +194,8 @@ class SyncBackend:
                     cur.execute(sql.query("job_insert"), job.params())
                     written = cur.fetchone()
         else:
+            # getconn/putconn rather than pool.connection(): its `with conn` issues a no-op
+            # commit whose Python overhead is a tenth of a single enqueue (the pool is autocommit)
             params = job.params()
             notify = notify or self.notifier.quiet(job.options.queue)
             params["notify"] = notify
@@ -205,7 +209,7 @@ class SyncBackend:
                     and (written[0] == "pending")
                     and self.notifier.send_now(job.options.queue)
                 ):
-                    notify = True
+                    notify = True  # now, after the insert's commit, on its connection
                     self.notifier.send_on(pconn, job.options.queue)
             finally:
                 self.pool.putconn(pconn)
@@ -238,17 +242,19 @@ class SyncBackend:
             params = batch.params()
             notify = notify or self.notifier.quiet(batch.options.queue)
             params["notify"] = notify
-            pconn = self.pool.getconn()
+            pconn = self.pool.getconn()  # see job_insert
             try:
                 pconn.execute(sql.query("job_insert_many"), params)
                 if not notify and self.notifier.send_now(batch.options.queue):
-                    notify = True
+                    notify = True  # see job_insert_deferred
                     self.notifier.send_on(pconn, batch.options.queue)
             finally:
                 self.pool.putconn(pconn)
-        if not notify:
+        if not notify:  # a batch scheduled ahead gets a NOTIFY it did not need: harmless
             self.notifier.after_commit(batch.options.queue)
         return skipped
+
+    # -- reads -----------------------------------------------------------------------------------
 
     @reports_outage
     def get(self, job_id: UUID) -> JobRow | None:
@@ -290,6 +296,8 @@ class SyncBackend:
             cur = conn.execute(sql.query("job_count_by_status"))
             return {JobStatus(s): int(n) for s, n in cur.fetchall()}
 
+    # -- cancel ----------------------------------------------------------------------------------
+
     @reports_outage
     def write_cancel_request(self, job_id: UUID, reason: str | None) -> tuple[JobStatus, JobStatus] | None:
         """Atomically cancel a pending/scheduled job (CancelledBeforeStart) or flag a running one
@@ -319,6 +327,8 @@ class SyncBackend:
                     counts[status] = counts.get(status, 0) + 1
         return BulkCancelResult(by_previous_status=counts, job_ids=tuple(ids), batches=batches)
 
+    # -- schedules -------------------------------------------------------------------------------
+
     @reports_outage
     def schedule_list(self, name: str | None = None) -> list[ScheduleInfo]:
         with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
@@ -340,6 +350,8 @@ class SyncBackend:
             cur = conn.execute(sql.query("schedule_trigger"), {"name": name, "id": uuid7()})
             row = cur.fetchone()
         return (row[0], row[1]) if row else None
+
+    # -- requeue ---------------------------------------------------------------------------------
 
     @reports_outage
     def job_requeue(self, job_id: UUID, params: RequeueParams, *, cascade: bool = False) -> RequeueRow | None:

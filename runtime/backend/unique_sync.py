@@ -45,13 +45,13 @@ def insert_unique(pool: Pool, job: JobInsert, conn: Connection[Any] | None, *, n
     params["unique_scope"] = job.unique_scope
     query = sql.query("job_insert_unique")
     own = conn is None
-    target = pool.getconn() if conn is None else conn
+    target = pool.getconn() if conn is None else conn  # getconn: see SyncBackend.job_insert_deferred
     try:
         for _ in range(UNIQUE_INSERT_TRIES):
-            if own:
+            if own:  # the pool's connections return tuples
                 cur = target.execute(query, params)
                 written = cur.fetchone()
-            else:
+            else:  # the caller's connection may have a row factory and cursor class of its own
                 with caller_cursor(target) as tcur:
                     tcur.execute(query, params)
                     written = tcur.fetchone()
@@ -93,7 +93,7 @@ def insert_many_unique(
             else:
                 first_of[key] = i
     send: Sequence[int] = range(len(keys)) if not repeats else [i for i in range(len(keys)) if i not in repeats]
-    target = pool.getconn() if conn is None else conn
+    target = pool.getconn() if conn is None else conn  # getconn: see SyncBackend.job_insert_deferred
     try:
         skipped = _on_conflict(target, batch, send, notify)
     finally:
@@ -113,7 +113,7 @@ def _on_conflict(conn: Connection[Any], batch: JobBatch, rows: Sequence[int], no
         row = cur.fetchone()
         assert row is not None
         if row[0] == len(rows):
-            return skipped
+            return skipped  # every row written: the statement did not even send its ids back
         rows = _resolve(conn, batch, rows, set(row[1] or ()), skipped)
         if not rows:
             return skipped

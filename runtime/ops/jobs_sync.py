@@ -39,7 +39,7 @@ def cancel_job(backend: SyncBackend, job_id: UUID | str, reason: str | None = No
         raise KeyError(jid)
     changed = backend.write_cancel_request(jid, reason)
     after = backend.get(jid)
-    assert after is not None
+    assert after is not None  # jobs rows are never deleted while a client reads them
     return CancelResult(
         job_id=jid, previous_status=before.status, new_status=after.status, cancellation_initiated=changed is not None
     )
