@@ -9,10 +9,9 @@ import logging
 import re
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError
+from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -23,7 +22,9 @@ from taskq.exceptions import ConfigurationError, DatabaseUnavailable, PayloadInv
 from taskq.ops.queues import check_queue_name
 from taskq.ops.tokens import Principal
 from taskq.web import actions, reads
-from taskq.web.actions import BULK_LIMIT, Caller, Outcome
+from taskq.web.actions import Caller, Outcome
+from taskq.web.bodies import BulkBody, CancelBody, EnqueueBody, LimitBody, M, QueueBody, RequeueBody
+from taskq.web.openapi import schema
 from taskq.web.problems import PROBLEM_TYPE, Problem, bad_request, forbidden, problem_body
 from taskq.web.state import WebState
 
@@ -32,60 +33,6 @@ log = logging.getLogger("taskq.web")
 _REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,200}$")
 _KEY = re.compile(r'^"?([\x21\x23-\x7e]{1,255})"?$')
 _IF_MATCH = re.compile(r'^(?:W/)?"?(\d{1,18})"?$')
-
-
-# -- bodies --------------------------------------------------------------------------------------------
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-M = TypeVar("M", bound=_Body)
-
-
-class CancelBody(_Body):
-    reason: str | None = Field(default=None, max_length=10_000)
-    expected_revision: int | None = Field(default=None, ge=1)
-
-
-class RequeueBody(CancelBody):
-    attempts: int | None = Field(default=None, ge=1, le=1_000_000)
-
-
-class EnqueueBody(_Body):
-    actor: str
-    payload: Any = None
-    queue: str | None = None
-    priority: int | None = None
-    tags: list[str] = []
-    scheduled_at: datetime | None = None
-    max_attempts: int | None = None
-    schedule_to_close: float | None = None
-    unique_key: str | None = None
-    unique_scope: str = "active"
-
-
-class QueueBody(_Body):
-    reason: str | None = Field(default=None, max_length=10_000)
-
-
-class LimitBody(_Body):
-    """POST /queues/{name}:limit: each limit given is set (null removes it), each left out is kept. The
-    values are checked by taskq.ops.queues, as for `taskq queue limit` (whole numbers >= 1; a rate needs its
-    period, a finite number of seconds > 0 and at most a year)."""
-
-    concurrency: StrictInt | None = None
-    concurrency_per_key: StrictInt | None = None
-    rate_limit: StrictInt | None = None
-    rate_period: StrictFloat | StrictInt | None = None
-    reason: str | None = Field(default=None, max_length=10_000)
-
-
-class BulkBody(_Body):
-    filter: dict[str, str | list[str]]
-    limit: int = Field(default=100, ge=1, le=BULK_LIMIT)
-    reason: str | None = Field(default=None, max_length=10_000)
-    attempts: int | None = Field(default=None, ge=1, le=1_000_000)
 
 
 # -- plumbing ------------------------------------------------------------------------------------------
@@ -431,8 +378,6 @@ async def limit_queue(request: Request) -> Response:
 
 @endpoint
 async def openapi(request: Request) -> Response:
-    from taskq.web.openapi import schema
-
     return ok(request, schema())
 
 

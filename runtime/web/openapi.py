@@ -7,7 +7,7 @@ import functools
 from typing import Any
 
 from taskq.models import JobRow
-from taskq.web.api import BulkBody, CancelBody, EnqueueBody, LimitBody, QueueBody, RequeueBody
+from taskq.web.bodies import BulkBody, CancelBody, EnqueueBody, LimitBody, QueueBody, RequeueBody
 
 _REF = "#/components/schemas/{model}"
 

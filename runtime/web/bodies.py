@@ -1,0 +1,63 @@
+"""The JSON bodies the API's writes accept: unknown fields are refused, every field is bounded. Shared by
+the endpoints (taskq.web.api) and the OpenAPI description (taskq.web.openapi)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+
+from taskq.web.actions import BULK_LIMIT
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+M = TypeVar("M", bound=_Body)
+
+
+class CancelBody(_Body):
+    reason: str | None = Field(default=None, max_length=10_000)
+    expected_revision: int | None = Field(default=None, ge=1)
+
+
+class RequeueBody(CancelBody):
+    attempts: int | None = Field(default=None, ge=1, le=1_000_000)
+
+
+class EnqueueBody(_Body):
+    actor: str
+    payload: Any = None
+    queue: str | None = None
+    priority: int | None = None
+    tags: list[str] = []
+    scheduled_at: datetime | None = None
+    max_attempts: int | None = None
+    schedule_to_close: float | None = None
+    unique_key: str | None = None
+    unique_scope: str = "active"
+
+
+class QueueBody(_Body):
+    reason: str | None = Field(default=None, max_length=10_000)
+
+
+class LimitBody(_Body):
+    """POST /queues/{name}:limit: each limit given is set (null removes it), each left out is kept. The
+    values are checked by taskq.ops.queues, as for `taskq queue limit` (whole numbers >= 1; a rate needs its
+    period, a finite number of seconds > 0 and at most a year)."""
+
+    concurrency: StrictInt | None = None
+    concurrency_per_key: StrictInt | None = None
+    rate_limit: StrictInt | None = None
+    rate_period: StrictFloat | StrictInt | None = None
+    reason: str | None = Field(default=None, max_length=10_000)
+
+
+class BulkBody(_Body):
+    filter: dict[str, str | list[str]]
+    limit: int = Field(default=100, ge=1, le=BULK_LIMIT)
+    reason: str | None = Field(default=None, max_length=10_000)
+    attempts: int | None = Field(default=None, ge=1, le=1_000_000)
