@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
+from types import TracebackType
 from typing import Any, Generic, Self, cast
 from uuid import UUID
 
@@ -432,11 +433,11 @@ class SyncJobsClient:
 
     # -- dependencies (taskq.workflows) -----------------------------------------------------------
 
-    def workflow(self, *, connection: Connection[Any] | None = None) -> workflows_sync.Workflow:
+    def workflow(self, *, connection: Connection[Any] | None = None) -> Workflow:
         """A graph builder: `with client.workflow() as wf: a = wf.enqueue(...); b = wf.enqueue(...,
         depends_on=[a])`; written in one transaction (with `connection`, in that one) at the end of the
         block, nothing if it raises."""
-        return workflows_sync.Workflow(self, connection=connection)
+        return Workflow(self, connection=connection)
 
     def dependencies(self, job_id: UUID | str) -> list[workflows.DependencyEdge]:
         """The job's parents (their status now, and how each ended when its edge resolved) and children."""
@@ -490,3 +491,86 @@ class SyncJobsClient:
             reason=reason,
             by=by,
         )
+
+
+class WorkflowNode(Generic[R]):
+    """A job of a Workflow not yet written: its id (made on the client) for `depends_on`, and after the
+    block its handle."""
+
+    def __init__(self, workflow: Workflow, graph_job: workflows.GraphJob, target: Actor[Any, R] | str) -> None:
+        self.workflow = workflow
+        self.job_id = graph_job.job.id
+        self.graph_job = graph_job
+        self._target = target
+        self._handle: SyncJobHandle[R] | None = None
+
+    @property
+    def handle(self) -> SyncJobHandle[R]:
+        """The written job's handle; RuntimeError before the workflow committed."""
+        if self._handle is None:
+            raise RuntimeError("the workflow has not been written yet (the handle exists after its block)")
+        return self._handle
+
+    def __repr__(self) -> str:
+        return f"WorkflowNode({self.job_id}, {self.graph_job.job.options.actor})"
+
+
+class Workflow:
+    """`with client.workflow() as wf:` collect jobs with `wf.enqueue(...)` (not awaited: nothing is
+    written yet), each `depends_on` existing jobs or earlier nodes; at the end of a block that raised
+    nothing, every job is written in one transaction; a block that raises writes nothing."""
+
+    def __init__(self, client: SyncJobsClient, *, connection: Connection[Any] | None = None) -> None:
+        self._client = client
+        self._connection = connection
+        self._nodes: list[WorkflowNode[Any]] = []
+        self._ids: set[UUID] = set()
+        self.written = False
+
+    @property
+    def nodes(self) -> tuple[WorkflowNode[Any], ...]:
+        return tuple(self._nodes)
+
+    def enqueue(
+        self,
+        target: Actor[Any, R] | str,
+        payload: Any,
+        *,
+        depends_on: Iterable[workflows.ParentRef] | None = None,
+        dependency_mode: str = "on_success",
+        **options: Any,
+    ) -> WorkflowNode[R]:
+        """Check one job (the options of SyncJobsClient.enqueue) and add it to the graph."""
+        if self.written:
+            raise RuntimeError("this workflow was already written")
+        for ref in depends_on or ():
+            if isinstance(ref, WorkflowNode) and ref.workflow is not self:
+                raise DependencyInvalid(f"depends_on: {ref!r} belongs to another workflow")
+        parents, mode = workflows.check_dependencies(depends_on, dependency_mode)
+        if parents and options.get("unique_key") is not None:
+            raise DependencyInvalid("unique_key cannot be combined with depends_on")
+        job = self._client._prepare(target, payload, **options)
+        node: WorkflowNode[R] = WorkflowNode(self, workflows.GraphJob(job, parents, mode), target)
+        self._nodes.append(node)
+        self._ids.add(job.id)
+        return node
+
+    def write(self) -> None:
+        graph = [n.graph_job for n in self._nodes]
+        inserted = workflows_sync.enqueue_graph(self._client.backend, graph, conn=self._connection)
+        self.written = True
+        for node, row in zip(self._nodes, inserted, strict=True):
+            # a job with parents: its row (remaining count, mode) is read on refresh()
+            loader = row.row if not node.graph_job.parent_ids else None
+            node._handle = SyncJobHandle(
+                row.job_id, client=self._client, row_loader=loader, result_adapter=self._client._adapter(node._target)
+            )
+
+    def __enter__(self) -> Workflow:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None:
+            self.write()

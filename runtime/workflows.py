@@ -8,18 +8,18 @@ own terminal transaction, on every path that writes one (migration 7); this modu
 and their edges.
 
 The service functions here take a Backend (as taskq.ops.jobs does), so the async client, the sync
-client and the worker's `ctx.jobs.enqueue` share the checks and the SQL. `Workflow` is the builder behind
-`JobsClient.workflow()`: nodes are collected on the client (their ids made there), and written in order
-in one transaction when the `async with` block ends without an error, all or nothing. A node may depend
-only on jobs that exist or on earlier nodes, so a graph cannot have a cycle.
+client and the worker's `ctx.jobs.enqueue` share the checks and the SQL. The builder behind
+`JobsClient.workflow()` is `taskq.client.Workflow`: nodes are collected on the client (their ids made
+there), and written here in order in one transaction when its `async with` block ends without an error,
+all or nothing. A node may depend only on jobs that exist or on earlier nodes, so a graph cannot have a
+cycle.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
 
 from psycopg import AsyncConnection
@@ -33,11 +33,10 @@ from taskq.checks import as_job_id
 from taskq.exceptions import ConfigurationError, DependencyInvalid
 
 if TYPE_CHECKING:
-    from taskq.actors.declaration import Actor
-    from taskq.client import JobHandle, JobsClient
+    pass
 
 __all__ = [
-    "DEPENDENCY_MODES", "MAX_PARENTS", "DependencyEdge", "GraphJob", "Workflow", "WorkflowNode",
+    "DEPENDENCY_MODES", "MAX_PARENTS", "DependencyEdge", "GraphJob",
     "check_dependencies", "enqueue_dependent", "enqueue_graph", "job_dependencies", "parent_results",
 ]
 
@@ -192,88 +191,3 @@ async def parent_results(backend: Backend, job_id: UUID, adapters: Any) -> dict[
         actor = adapters.get(actor_name) if adapters is not None else None
         results[pid] = actor.result_adapter.validate_python(raw) if actor is not None else raw
     return results
-
-
-class WorkflowNode(Generic[R]):
-    """A job of a Workflow not yet written: its id (made on the client) for `depends_on`, and after the
-    block its handle."""
-
-    def __init__(self, workflow: Workflow, graph_job: GraphJob, target: Actor[Any, R] | str) -> None:
-        self.workflow = workflow
-        self.job_id = graph_job.job.id
-        self.graph_job = graph_job
-        self._target = target
-        self._handle: JobHandle[R] | None = None
-
-    @property
-    def handle(self) -> JobHandle[R]:
-        """The written job's handle; RuntimeError before the workflow committed."""
-        if self._handle is None:
-            raise RuntimeError("the workflow has not been written yet (the handle exists after its block)")
-        return self._handle
-
-    def __repr__(self) -> str:
-        return f"WorkflowNode({self.job_id}, {self.graph_job.job.options.actor})"
-
-
-class Workflow:
-    """`async with client.workflow() as wf:` collect jobs with `wf.enqueue(...)` (not awaited: nothing is
-    written yet), each `depends_on` existing jobs or earlier nodes; at the end of a block that raised
-    nothing, every job is written in one transaction; a block that raises writes nothing."""
-
-    def __init__(self, client: JobsClient, *, connection: AsyncConnection[Any] | None = None) -> None:
-        self._client = client
-        self._connection = connection
-        self._nodes: list[WorkflowNode[Any]] = []
-        self._ids: set[UUID] = set()
-        self.written = False
-
-    @property
-    def nodes(self) -> tuple[WorkflowNode[Any], ...]:
-        return tuple(self._nodes)
-
-    def enqueue(
-        self,
-        target: Actor[Any, R] | str,
-        payload: Any,
-        *,
-        depends_on: Iterable[ParentRef] | None = None,
-        dependency_mode: str = "on_success",
-        **options: Any,
-    ) -> WorkflowNode[R]:
-        """Check one job (the options of JobsClient.enqueue) and add it to the graph."""
-        if self.written:
-            raise RuntimeError("this workflow was already written")
-        for ref in depends_on or ():
-            if isinstance(ref, WorkflowNode) and ref.workflow is not self:
-                raise DependencyInvalid(f"depends_on: {ref!r} belongs to another workflow")
-        parents, mode = check_dependencies(depends_on, dependency_mode)
-        if parents and options.get("unique_key") is not None:
-            raise DependencyInvalid("unique_key cannot be combined with depends_on")
-        job = self._client._prepare(target, payload, **options)
-        node: WorkflowNode[R] = WorkflowNode(self, GraphJob(job, parents, mode), target)
-        self._nodes.append(node)
-        self._ids.add(job.id)
-        return node
-
-    async def write(self) -> None:
-        from taskq.client import JobHandle
-
-        graph = [n.graph_job for n in self._nodes]
-        inserted = await enqueue_graph(self._client.backend, graph, conn=self._connection)
-        self.written = True
-        for node, row in zip(self._nodes, inserted, strict=True):
-            # a job with parents: its row (remaining count, mode) is read on refresh()
-            loader = row.row if not node.graph_job.parent_ids else None
-            node._handle = JobHandle(row.job_id, client=self._client, row_loader=loader,
-                                     result_adapter=self._client._adapter(node._target))
-
-    async def __aenter__(self) -> Workflow:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if exc_type is None:
-            await self.write()
-
