@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from taskq import tracing
 from taskq.actors.child import HEADER, JobKey, child_main, encode_frame, pickle_exception
 from taskq.actors.thread import stand_in_error
-from taskq.exceptions import TaskqError
+from taskq.exceptions import ChildProcessDied
 from taskq.logs import current_log_format
 
 if TYPE_CHECKING:
@@ -55,12 +55,6 @@ START_TIMEOUT = 60.0
 """Seconds a new child may take to import and report ready."""
 DRAIN_AFTER_EXIT = 1.0
 """Seconds to keep reading a dead child's channel for what it sent before dying."""
-
-
-class ChildProcessDied(TaskqError):
-    """Raised by ProcessExecutor.run when the child running the attempt exited without reporting an
-    outcome and the worker had not stopped it (a segfault, `os._exit`, the OOM killer). The message names
-    the exit code or signal. The attempt fails through the actor's retry policy."""
 
 
 def describe_exit(code: int) -> str:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from taskq.exceptions import NonRetryableError, TaskqError
+from taskq.exceptions import NonRetryableError, StandInError
 from taskq.models import CancelOrigin
 
 if TYPE_CHECKING:
@@ -39,16 +39,9 @@ class ActorInterrupted(BaseException):
     """Raised inside an actor by a forced cancel: injected into an actor thread, or raised by the
     SIGTERM handler of a process actor's child. It derives from BaseException, outside the taskq error
     tree, so that a bare `except Exception` in the actor does not swallow it. Clean up in `finally`
-    blocks and let it propagate; the worker records the attempt as force-cancelled."""
-
-
-class StandInError(TaskqError):
-    """Stands in for an actor's exception that cannot travel as itself: a BaseException such as
-    SystemExit raised by a thread or process actor (it would stop the worker itself), or an exception a
-    child process could not pickle. Subclasses are made per original class name, so the job's
-    error_class reads the same; `remote_traceback` is the traceback where it was raised, when known."""
-
-    remote_traceback: str = ""
+    blocks and let it propagate; the worker records the attempt as force-cancelled. It lives here, not in
+    taskq.exceptions, because it is this executor's mechanism rather than an error taskq reports (the
+    child's handler raises the same class), and docs/isolation.md names it by this path."""
 
 
 _stand_ins: dict[tuple[str, bool], type[StandInError]] = {}

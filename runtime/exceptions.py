@@ -1,10 +1,20 @@
-"""The taskq error tree: one root, specific subclasses, each saying when it is raised."""
+"""The taskq error tree: one root, specific subclasses, each saying when it is raised.
+
+Every exception class of the package lives here and derives from TaskqError, but for three, none an
+error of taskq's making (listed in tests/unit/test_exitcodes_and_exceptions.py): `Snooze` (here, outside
+the tree: an actor's request to run again, which `except TaskqError` must not swallow),
+`taskq.actors.thread.ActorInterrupted` (a forced cancel: a BaseException so that an actor's
+`except Exception` cannot swallow it either) and `taskq.web.problems.Problem` (an HTTP answer of the
+optional web integration, raised and rendered inside its app, never seen by a caller of taskq).
+"""
 
 from __future__ import annotations
 
 import math
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
+
+from taskq.exitcodes import ExitCode
 
 if TYPE_CHECKING:
     from taskq.models import JobRow
@@ -171,3 +181,53 @@ class QueueNotFound(TaskqError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "queue not found"
+
+
+class ChildProcessDied(TaskqError):
+    """Raised by ProcessExecutor.run when the child running the attempt exited without reporting an
+    outcome and the worker had not stopped it (a segfault, `os._exit`, the OOM killer). The message names
+    the exit code or signal. The attempt fails through the actor's retry policy."""
+
+
+class StandInError(TaskqError):
+    """Stands in for an actor's exception that cannot travel as itself: a BaseException such as
+    SystemExit raised by a thread or process actor (it would stop the worker itself), or an exception a
+    child process could not pickle. Subclasses are made per original class name
+    (`taskq.actors.thread.stand_in_error`), so the job's error_class reads the same; `remote_traceback`
+    is the traceback where it was raised, when known."""
+
+    remote_traceback: str = ""
+
+
+class CliError(TaskqError):
+    """A failure a `taskq` command reports to the user as one line, exiting with `code`."""
+
+    code = ExitCode.INTERNAL
+
+
+class UsageError(CliError):
+    """Raised by a `taskq` command whose command line is wrong (arguments, JSON, filters, ids, option
+    values). Exit code 2."""
+
+    code = ExitCode.USAGE
+
+
+class NotFound(CliError):
+    """Raised by a `taskq` command when the job it names does not exist. Exit code 4."""
+
+    code = ExitCode.NOT_FOUND
+
+
+class MissingExtra(CliError):
+    """Raised by a `taskq` command that needs an optional extra which is not installed (`taskq web`
+    without `taskq[web]`). Exit code 8."""
+
+    code = ExitCode.MISSING_EXTRA
+
+
+class AppNotImportable(CliError):
+    """APP (`module:attribute`) cannot be imported or names no actors; restarting will not help. Raised
+    by `taskq.worker.cli.load_app`, so by `taskq worker`, `taskq run` (with the preload, or in a worker
+    forked with --no-preload). Exit code 10 for the command, the worker and the supervisor alike."""
+
+    code = ExitCode.IMPORT_ERROR

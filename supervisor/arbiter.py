@@ -20,17 +20,17 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from taskq.exitcodes import ExitCode
 from taskq.metrics import WORKER_RESTARTS
 from taskq.settings import WorkerSettings
 from taskq.supervisor import proctitle
 from taskq.supervisor.metrics_http import MetricsHelper, mark_worker_dead
 from taskq.supervisor.reclaim import Reclaimer
-from taskq.supervisor.restart import CRASH_LOOP, RestartPolicy
+from taskq.supervisor.restart import RestartPolicy
 from taskq.supervisor.sdnotify import Notifier, watchdog_interval
 from taskq.supervisor.spawn import HANDLED_SIGNALS, child_hygiene, exit_child, run_worker_child
 from taskq.supervisor.web_child import WebChild
 from taskq.supervisor.workers import WorkerProc
-from taskq.worker import exitcodes
 
 log = logging.getLogger("taskq.supervisor")
 
@@ -187,7 +187,7 @@ class Supervisor:
         read_fd, write_fd = os.pipe()
         pid = self._fork()
         if pid == 0:
-            code = exitcodes.ERROR
+            code: int = ExitCode.INTERNAL
             try:
                 self._child_setup(keep=[write_fd], worker=True)
                 os.close(read_fd)
@@ -444,7 +444,7 @@ class Supervisor:
         cause = "heartbeat_timeout" if wp.silent_for is not None else "worker_died"
         self.reclaimer.reclaim(wp.worker_id, cause, text, now)
         if self.stopping is not None or wp.retiring == "stop":
-            if code != exitcodes.OK:
+            if code != ExitCode.OK:
                 self.unclean_stop = True
             return
         if self.roll is not None and self.roll.new_pid == wp.pid:
@@ -465,8 +465,8 @@ class Supervisor:
         delay = self.policy.record_death(now, code)
         if delay is None:
             log.error("%d workers died within %gs: crash loop, stopping with exit code %d",
-                      self.options.crash_limit, self.options.crash_window, CRASH_LOOP)
-            self._begin_stop("graceful", now, exit_code=CRASH_LOOP)
+                      self.options.crash_limit, self.options.crash_window, ExitCode.CRASH_LOOP)
+            self._begin_stop("graceful", now, exit_code=ExitCode.CRASH_LOOP)
             return
         if replace:
             self.next_spawn_at = max(self.next_spawn_at, now + delay)
@@ -630,8 +630,8 @@ class Supervisor:
         signal.set_wakeup_fd(-1)
         code = self.exit_code
         if code is None:
-            code = exitcodes.ERROR if self.unclean_stop else exitcodes.OK
-        level = logging.INFO if code == exitcodes.OK else logging.ERROR
+            code = ExitCode.INTERNAL if self.unclean_stop else ExitCode.OK
+        level = logging.INFO if code == ExitCode.OK else logging.ERROR
         log.log(level, "supervisor %d stopped: exit code %d%s",
                 self.pid, code, " (a worker did not stop cleanly)" if self.unclean_stop else "")
         return code

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 
 from pydantic import ValidationError
 
+from taskq.exitcodes import ExitCode
 from taskq.settings import WorkerSettings
 from taskq.supervisor.arbiter import Supervisor, SupervisorOptions
 from taskq.supervisor.metrics_http import (
@@ -38,7 +39,6 @@ from taskq.supervisor.metrics_http import (
     remove_metrics_dir,
 )
 from taskq.supervisor.web_child import WebChild
-from taskq.worker import exitcodes
 from taskq.worker.cli import add_settings_flags, configure_logging, describe_validation_error
 
 ENV_REEXEC = "TASKQ_SUPERVISOR_REEXEC"
@@ -155,7 +155,7 @@ def _reexec(options: SupervisorOptions, settings: dict[str, str], web: list[str]
     Settings travel in the environment, so no DSN or password is ever put on the new command line."""
     if os.environ.get(ENV_REEXEC) == "1":
         return _fail("prometheus multiprocess mode could not be enabled (PROMETHEUS_MULTIPROC_DIR)",
-                     exitcodes.ERROR)
+                     ExitCode.INTERNAL)
     path = fresh_metrics_dir()
     env = dict(os.environ)
     env.update({ENV_DIR: path, ENV_OWNED: path, ENV_REEXEC: "1"})
@@ -183,16 +183,17 @@ def _interpreter_flags() -> list[str]:
 def supervisor_command(args: argparse.Namespace) -> int:
     """Run the supervisor from arguments parsed with `add_run_arguments`; returns the exit code."""
     from taskq.dsn import resolve_dsn
+    from taskq.exceptions import AppNotImportable as AppImportError
     from taskq.exceptions import ConfigurationError, EmbeddedUnavailable
     from taskq.supervisor.spawn import inherited_fds
-    from taskq.worker.cli import AppImportError, load_app
+    from taskq.worker.cli import load_app
 
     raw = _explicit_settings(args)
     try:
         settings = WorkerSettings(**raw)  # type: ignore[arg-type]
         options = _options(args)
     except ValidationError as exc:
-        return _fail(describe_validation_error(exc), exitcodes.USAGE)
+        return _fail(describe_validation_error(exc), ExitCode.USAGE)
     if not multiprocess_ready():
         web_args = ([] if getattr(args, "web_port", None) is None
                     else ["--web-port", str(args.web_port), "--web-host", args.web_host])
@@ -204,15 +205,15 @@ def supervisor_command(args: argparse.Namespace) -> int:
         try:
             dsn = resolve_dsn(settings.dsn_value())
         except EmbeddedUnavailable as exc:
-            return _fail(str(exc), exitcodes.EMBEDDED_UNAVAILABLE)
+            return _fail(str(exc), ExitCode.EMBEDDED_UNAVAILABLE)
         except (ConfigurationError, OSError) as exc:
-            return _fail(str(exc), exitcodes.USAGE)
+            return _fail(str(exc), ExitCode.USAGE)
         registry = None
         if options.preload:
             try:
                 registry = load_app(options.app)
             except AppImportError as exc:
-                return _fail(str(exc), exitcodes.IMPORT_ERROR)
+                return _fail(str(exc), ExitCode.IMPORT_ERROR)
         web_port = getattr(args, "web_port", None)
         web = None if web_port is None else WebChild(
             dsn, args.web_host, web_port, backoff=options.restart_backoff, backoff_max=options.restart_backoff_max,
@@ -222,7 +223,7 @@ def supervisor_command(args: argparse.Namespace) -> int:
             supervisor.bind_metrics()
         except OSError as exc:
             return _fail(f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: "
-                         f"{exc.strerror or exc} (set --metrics-port; 0 picks a free port)", exitcodes.USAGE)
+                         f"{exc.strerror or exc} (set --metrics-port; 0 picks a free port)", ExitCode.USAGE)
         try:
             return supervisor.run()
         finally:

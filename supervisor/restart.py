@@ -14,16 +14,17 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from taskq.worker import exitcodes
+from taskq.exitcodes import ExitCode
 
-CRASH_LOOP = 15
-"""Supervisor exit code: `crash_limit` workers died within `crash_window` seconds."""
+CRASH_LOOP = ExitCode.CRASH_LOOP
+"""The supervisor's exit when `crash_limit` workers died within `crash_window` seconds (the name the
+tests import; the code is documented in taskq.exitcodes)."""
 
 CONFIG_EXIT_CODES = frozenset({
-    exitcodes.USAGE, exitcodes.SCHEMA, exitcodes.EMBEDDED_UNAVAILABLE, exitcodes.IMPORT_ERROR,
+    ExitCode.USAGE, ExitCode.SCHEMA, ExitCode.EMBEDDED_UNAVAILABLE, ExitCode.IMPORT_ERROR,
 })
-BOOT_EXIT_CODES = CONFIG_EXIT_CODES | {exitcodes.DATABASE_UNAVAILABLE}
-SELF_RESTART_EXIT_CODES = frozenset({exitcodes.LEAKED_THREADS})
+BOOT_EXIT_CODES = CONFIG_EXIT_CODES | {ExitCode.DATABASE_UNAVAILABLE}
+SELF_RESTART_EXIT_CODES = frozenset({ExitCode.LEAKED_THREADS})
 
 
 @dataclass

@@ -21,9 +21,9 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
+from taskq.exitcodes import ExitCode
 from taskq.supervisor.proctitle import set_title, worker_title
 from taskq.supervisor.sdnotify import CHILD_ENV_SCRUB
-from taskq.worker import exitcodes
 from taskq.worker.liveness import ENV_FD, STOP_SIGNALS
 
 log = logging.getLogger("taskq.supervisor")
@@ -47,7 +47,7 @@ def set_parent_death_signal(sig: int, expected_parent: int) -> None:
         except (OSError, AttributeError) as exc:
             log.warning("prctl(PR_SET_PDEATHSIG) unavailable: %s", exc)
     if os.getppid() != expected_parent:
-        os._exit(exitcodes.OK)
+        os._exit(ExitCode.OK)
 
 
 def child_hygiene(*, parent_pid: int, close_fds: Iterable[int], keep_fds: Iterable[int],
@@ -101,25 +101,25 @@ def worker_exit_code(exc: BaseException) -> int:
     from pydantic import ValidationError
 
     from taskq.exceptions import (
+        AppNotImportable,
         ConfigurationError,
         DatabaseUnavailable,
         EmbeddedUnavailable,
         SchemaNotReady,
         SchemaTooNew,
     )
-    from taskq.worker.cli import AppImportError
 
-    if isinstance(exc, AppImportError):
-        return exitcodes.IMPORT_ERROR
+    if isinstance(exc, AppNotImportable):
+        return ExitCode.IMPORT_ERROR
     if isinstance(exc, EmbeddedUnavailable):
-        return exitcodes.EMBEDDED_UNAVAILABLE
+        return ExitCode.EMBEDDED_UNAVAILABLE
     if isinstance(exc, ValidationError | ConfigurationError):
-        return exitcodes.USAGE
+        return ExitCode.USAGE
     if isinstance(exc, DatabaseUnavailable):
-        return exitcodes.DATABASE_UNAVAILABLE
+        return ExitCode.DATABASE_UNAVAILABLE
     if isinstance(exc, SchemaNotReady | SchemaTooNew):
-        return exitcodes.SCHEMA
-    return exitcodes.ERROR
+        return ExitCode.SCHEMA
+    return ExitCode.INTERNAL
 
 
 async def _run_with_title(settings: Any, registry: Any, number: int) -> int:
@@ -159,10 +159,10 @@ def run_worker_child(*, app: str, registry: Any, settings: Any, number: int, liv
         tune_gc_for_worker()
         return int(uvloop.run(_run_with_title(settings, registry, number)))
     except KeyboardInterrupt:
-        return exitcodes.OK
+        return ExitCode.OK
     except BaseException as exc:
         code = worker_exit_code(exc)
-        if code == exitcodes.ERROR:
+        if code == ExitCode.INTERNAL:
             log.exception("worker %d crashed", number)
         else:
             log.error("worker %d cannot start: %s", number, exc)

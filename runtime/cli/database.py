@@ -6,13 +6,9 @@ import argparse
 import asyncio
 
 from taskq.backend.migrations import migrate_dsn, migration_names
-from taskq.cli._base import (
-    Command,
-    ExitCode,
-    dsn_of,
-    emit,
-)
+from taskq.cli._base import Command, dsn_of, emit
 from taskq.dsn import redact_dsn
+from taskq.exitcodes import ExitCode
 
 
 def cmd_dsn(args: argparse.Namespace) -> int:

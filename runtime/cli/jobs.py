@@ -11,23 +11,12 @@ from taskq.actors.declaration import default_registry
 from taskq.checks import check_reason
 from taskq.cli import dependencies as cli_dependencies
 from taskq.cli import output as cli_output
-from taskq.cli._base import (
-    FILTER_ARGS,
-    JSON_ARG,
-    PROG,
-    Command,
-    ExitCode,
-    NotFound,
-    UsageError,
-    arg,
-    emit,
-    job_filter,
-    read_payload,
-    with_client,
-)
+from taskq.cli._base import FILTER_ARGS, JSON_ARG, PROG, Command, arg, emit, job_filter, read_payload, with_client
 from taskq.cli.args import int_arg, job_id_arg, seconds_arg, when_arg
 from taskq.client import JobHandle, JobsClient
 from taskq.enqueue import DEFAULT_MAX_PAYLOAD_BYTES, prepare_insert
+from taskq.exceptions import NotFound, UsageError
+from taskq.exitcodes import ExitCode
 from taskq.models import UNIQUE_SCOPES, JobFilter
 from taskq.ops import queues
 

@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 
 
 def cmd_requeue(args: argparse.Namespace) -> int:
-    from taskq.cli._base import ExitCode, NotFound, UsageError, emit, job_filter, with_client
+    from taskq.cli._base import emit, job_filter, with_client
+    from taskq.exceptions import NotFound, UsageError
+    from taskq.exitcodes import ExitCode
 
     flt = job_filter(args)
     if args.job_id is not None and flt is not None:

@@ -55,7 +55,8 @@ def queues_table(report: QueueStatsReport) -> str:
 
 
 def cmd_queues(args: argparse.Namespace) -> int:
-    from taskq.cli._base import ExitCode, emit, with_client
+    from taskq.cli._base import emit, with_client
+    from taskq.exitcodes import ExitCode
 
     async def body(client: JobsClient) -> int:
         report = await client.queue_stats()
@@ -67,7 +68,7 @@ def cmd_queues(args: argparse.Namespace) -> int:
 
 def _limit_value(text: str | None, name: str, *, period: bool = False) -> Any:
     """A flag's value: left out (UNSET), 'none' (remove the limit), or a checked number."""
-    from taskq.cli._base import UsageError
+    from taskq.exceptions import UsageError
 
     if text is None:
         return UNSET
@@ -85,7 +86,7 @@ def _limit_value(text: str | None, name: str, *, period: bool = False) -> Any:
 
 def limit_options(args: argparse.Namespace) -> dict[str, Any]:
     """The limits the flags set, checked before any connection (a bad one is a usage error, exit 2)."""
-    from taskq.cli._base import UsageError
+    from taskq.exceptions import UsageError
 
     rate = _limit_value(args.rate, "rate")
     period = _limit_value(args.period, "period", period=True)
@@ -104,7 +105,9 @@ def limit_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_queue(args: argparse.Namespace) -> int:
-    from taskq.cli._base import ExitCode, UsageError, emit, with_client
+    from taskq.cli._base import emit, with_client
+    from taskq.exceptions import UsageError
+    from taskq.exitcodes import ExitCode
 
     name = check_queue_name(args.name)  # a bad name is a usage error before any connection
     if args.action == "limit":

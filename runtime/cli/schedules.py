@@ -50,7 +50,8 @@ def schedules_table(rows: Sequence[ScheduleInfo]) -> str:
 
 
 def cmd_schedules(args: argparse.Namespace) -> int:
-    from taskq.cli._base import ExitCode, emit, with_client
+    from taskq.cli._base import emit, with_client
+    from taskq.exitcodes import ExitCode
 
     async def body(client: JobsClient) -> int:
         rows = await client.list_schedules()
@@ -61,7 +62,8 @@ def cmd_schedules(args: argparse.Namespace) -> int:
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:
-    from taskq.cli._base import ExitCode, emit, with_client
+    from taskq.cli._base import emit, with_client
+    from taskq.exitcodes import ExitCode
 
     name = check_schedule_name(args.name)  # a bad name is a usage error before any connection
 

@@ -22,7 +22,9 @@ ACTIONS = ("create", "list", "revoke")
 
 
 def cmd_tokens(args: argparse.Namespace) -> int:
-    from taskq.cli._base import ExitCode, UsageError, emit, with_client
+    from taskq.cli._base import emit, with_client
+    from taskq.exceptions import UsageError
+    from taskq.exitcodes import ExitCode
 
     if args.action in ("create", "revoke"):
         if args.name is None:

@@ -34,7 +34,7 @@ def is_loopback(host: str) -> bool:
 
 def check_bind(host: str, auth: bool) -> None:
     """Serving without auth anywhere but loopback is refused (a UsageError, one line)."""
-    from taskq.cli._base import UsageError
+    from taskq.exceptions import UsageError
 
     if not auth and not is_loopback(host):
         raise UsageError(f"refusing to serve without auth on {host!r}: --no-auth is for loopback only "
@@ -55,10 +55,9 @@ async def _probe(dsn: str, auth: bool) -> int:
 
 
 def cmd_web(args: argparse.Namespace) -> int:
-    from taskq.cli._base import CliError, ExitCode, dsn_of
-
-    class MissingExtra(CliError):
-        code = ExitCode.MISSING_EXTRA
+    from taskq.cli._base import dsn_of
+    from taskq.exceptions import MissingExtra
+    from taskq.exitcodes import ExitCode
 
     auth = not args.no_auth
     check_bind(args.host, auth)

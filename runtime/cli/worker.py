@@ -5,25 +5,16 @@ from __future__ import annotations
 
 import argparse
 
-from taskq.cli._base import (
-    AppNotImportable,
-    Command,
-    arg,
-    settings_args,
-    worker_settings,
-)
+from taskq.cli._base import Command, arg, settings_args, worker_settings
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from taskq.worker.cli import AppImportError, configure_logging, load_app, set_worker_title
+    from taskq.worker.cli import configure_logging, load_app, set_worker_title
     from taskq.worker.main import worker_main
 
     settings = worker_settings(args)
     set_worker_title(args.app, settings)  # before anything slow: a --dsn on argv leaves `ps` at once
-    try:
-        registry = load_app(args.app)
-    except AppImportError as exc:
-        raise AppNotImportable(str(exc)) from None
+    registry = load_app(args.app)  # AppNotImportable: exit code 10, its message as the one line
     configure_logging(settings.log_format)
     return worker_main(settings, registry)
 

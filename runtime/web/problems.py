@@ -24,7 +24,11 @@ TITLES = {
 
 class Problem(Exception):
     """An error answer: HTTP status, a stable code (INVALID_ARGUMENT, UNAUTHENTICATED, PERMISSION_DENIED,
-    NOT_FOUND, STATE_CONFLICT, IDEMPOTENCY_KEY_REUSED, ...), a human detail and extra members (`job`)."""
+    NOT_FOUND, STATE_CONFLICT, IDEMPOTENCY_KEY_REUSED, ...), a human detail and extra members (`job`).
+
+    Not in taskq.exceptions and not a TaskqError, on purpose: it is the web app's answer, raised and
+    rendered inside taskq.web (an optional integration the core never imports) and never seen by a
+    caller of taskq; `taskq.web.api.endpoint` turns the TaskqErrors of the core into Problems."""
 
     def __init__(self, status: int, code: str, detail: str, **extra: Any) -> None:
         super().__init__(detail)

@@ -15,35 +15,32 @@ from typing import Any
 from pydantic import ValidationError
 
 from taskq.actors.declaration import ActorRegistry, as_registry
-from taskq.exceptions import ActorDefinitionError
+from taskq.exceptions import ActorDefinitionError, AppNotImportable
+from taskq.exitcodes import ExitCode
 from taskq.settings import WorkerSettings
-from taskq.worker import exitcodes
-
-
-class AppImportError(Exception):
-    """APP is not importable or does not name actors."""
 
 
 def load_app(spec: str) -> ActorRegistry:
+    """The actors APP (`module:attribute`) names; AppNotImportable if it cannot be imported or names none."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise AppImportError(f"APP must look like 'package.module:attribute', got {spec!r}")
+        raise AppNotImportable(f"APP must look like 'package.module:attribute', got {spec!r}")
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())  # like gunicorn/uvicorn: APP is found from where you run taskq
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
-        raise AppImportError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from exc
+        raise AppNotImportable(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from exc
     try:
         value: Any = module
         for part in attr.split("."):
             value = getattr(value, part)
     except AttributeError:
-        raise AppImportError(f"module {module_name!r} has no attribute {attr!r}") from None
+        raise AppNotImportable(f"module {module_name!r} has no attribute {attr!r}") from None
     try:
         registry = as_registry(value)
     except ActorDefinitionError as exc:
-        raise AppImportError(f"{spec}: {exc}") from None
+        raise AppNotImportable(f"{spec}: {exc}") from None
     if registry.owner is None:
         registry.owner = spec  # whose schedules these are: the ones it stops declaring get disabled
     return registry
@@ -118,28 +115,28 @@ def command(args: argparse.Namespace) -> int:
         settings = settings_from_args(args)
     except ValidationError as exc:
         print(f"taskq: error: {describe_validation_error(exc)}", file=sys.stderr)
-        return exitcodes.USAGE
+        return ExitCode.USAGE
     set_worker_title(args.app, settings)
     configure_logging(settings.log_format)
     try:
         return run_worker(args.app, settings)
-    except AppImportError as exc:
+    except AppNotImportable as exc:
         print(f"taskq: error: {exc}", file=sys.stderr)
-        return exitcodes.IMPORT_ERROR
+        return ExitCode.IMPORT_ERROR
     except DatabaseUnavailable as exc:
         print(f"taskq: error: {exc}", file=sys.stderr)
-        return exitcodes.DATABASE_UNAVAILABLE
+        return ExitCode.DATABASE_UNAVAILABLE
     except (SchemaNotReady, SchemaTooNew) as exc:
         print(f"taskq: error: {exc}", file=sys.stderr)
-        return exitcodes.SCHEMA
+        return ExitCode.SCHEMA
     except EmbeddedUnavailable as exc:
         print(f"taskq: error: {exc}", file=sys.stderr)
-        return exitcodes.EMBEDDED_UNAVAILABLE
+        return ExitCode.EMBEDDED_UNAVAILABLE
     except ConfigurationError as exc:  # e.g. a DSN that cannot be parsed
         print(f"taskq: error: {exc}", file=sys.stderr)
-        return exitcodes.USAGE
+        return ExitCode.USAGE
     except KeyboardInterrupt:
-        return exitcodes.OK
+        return ExitCode.OK
 
 
 def main(argv: list[str] | None = None) -> int:

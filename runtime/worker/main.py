@@ -20,11 +20,11 @@ from taskq.backend import Backend
 from taskq.backend.schedules import ScheduleStore
 from taskq.backend.workers import ClaimedJob, WorkerStore
 from taskq.dsn import resolve_dsn
+from taskq.exitcodes import ExitCode
 from taskq.logs import JobLines
 from taskq.metrics import LEAKED_THREADS, SHUTDOWN_JOBS, STALE_WRITES
 from taskq.models import CancelOrigin, CancelPhase
 from taskq.settings import WorkerSettings
-from taskq.worker import exitcodes
 from taskq.worker.cancel import CancelController
 from taskq.worker.completer import Completer
 from taskq.worker.consumer import Consumers, Hooks
@@ -88,9 +88,9 @@ class ShutdownWatchdog:
             return
         try:
             log.critical("shutdown watchdog: still running after %.1fs; hard exit %d; still held: %s",
-                         self._budget, exitcodes.WATCHDOG, self._describe())
+                         self._budget, ExitCode.WATCHDOG, self._describe())
         finally:
-            os._exit(exitcodes.WATCHDOG)
+            os._exit(ExitCode.WATCHDOG)
 
 
 class Worker:
@@ -109,7 +109,7 @@ class Worker:
         self.releasing: set[str] = set()
         """Jobs whose release is being written now."""
         self.releases_settled = asyncio.Event()
-        self.exit_code = exitcodes.OK
+        self.exit_code = ExitCode.OK
         self.ready = threading.Event()
         self._async_executor = AsyncioExecutor()
         # a thread stuck after a forced stop the ladder does not own (timeout, lost lease) is given up
@@ -178,7 +178,7 @@ class Worker:
         if leaked > self.settings.max_leaked_threads and not self.draining:
             log.error("%d actor threads leaked (max_leaked_threads=%d): restarting this worker",
                       leaked, self.settings.max_leaked_threads)
-            self.exit_code = exitcodes.LEAKED_THREADS
+            self.exit_code = ExitCode.LEAKED_THREADS
             self.request_shutdown()
 
     def lose_leases(self, why: str) -> None:
@@ -187,7 +187,7 @@ class Worker:
             return
         log.error("%s: stopping every actor without writing (the sweeper will recover the rows)", why)
         self.leases_lost = True
-        self.exit_code = exitcodes.LEASES_LOST
+        self.exit_code = ExitCode.LEASES_LOST
         for entry in self.registry:
             entry.drop_lease()
         self.request_shutdown()
@@ -226,7 +226,7 @@ class Worker:
             # nothing more to try before the exit: the rows stay held until their lease runs out, then any
             # sweeper retries them (the attempt counts, as for a crash)
             self.unreleased += ids
-            self.exit_code = exitcodes.LEASES_LOST
+            self.exit_code = ExitCode.LEASES_LOST
             log.error("could not release %d jobs (%s): left to the sweeper once their lease runs out",
                       len(todo), str(exc) or type(exc).__name__)
             if not isinstance(exc, Exception):
@@ -317,7 +317,7 @@ class Worker:
                 for name, task in services.items():
                     if task in done and not task.cancelled() and task.exception():
                         log.error("worker service %s crashed; shutting down", name, exc_info=task.exception())
-                        self.exit_code = exitcodes.ERROR
+                        self.exit_code = ExitCode.INTERNAL
             except asyncio.CancelledError:
                 # a bare cancel of the worker task is a supported stop path: same as a signal
                 cancelled_from_outside = True
@@ -389,7 +389,7 @@ class Worker:
         self.summary["held"] += [i for i in self.unreleased if i not in self.summary["held"]]
         if self.releasing:  # given back by nobody: the sweeper's, once the lease runs out
             self.summary["held"] += [i for i in self.releasing if i not in self.summary["held"]]
-            self.exit_code = exitcodes.LEASES_LOST
+            self.exit_code = ExitCode.LEASES_LOST
         for outcome, ids in self.summary.items():
             SHUTDOWN_JOBS.labels(outcome=outcome).inc(len(ids))
         log.info("worker %s stopped: released=%s cancelled=%s crashed=%s still_held=%s", self.worker_id,
