@@ -1,7 +1,7 @@
 """The CLI's job dependencies: `taskq enqueue --depends-on ID (repeatable) --dependency-mode MODE`, and
 the parents and children that `taskq job ID` shows.
 
-Used by taskq.cli (which imports this module): nothing here imports taskq.cli.
+Used by taskq.cli.jobs and taskq.cli.lifecycle.
 """
 
 from __future__ import annotations

@@ -1,27 +1,23 @@
 """`taskq requeue`: the operator's requeue of failed, crashed or abandoned jobs, by id or by filters.
 
-Registered in `taskq.cli.COMMANDS` through `commands()`. This module imports nothing from taskq.cli at
-import time (taskq.cli imports it), only inside the functions, once taskq.cli is loaded.
+Registered in `taskq.cli.COMMANDS` through `commands()`; built from `taskq.cli._base`, like every
+command module (taskq.cli imports them, never the reverse).
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 from uuid import UUID
 
 from taskq.checks import check_reason
 from taskq.cli import output as cli_output
+from taskq.cli._base import FILTER_ARGS, JSON_ARG, Command, arg, emit, job_filter, with_client
 from taskq.cli.progress import ProgressLine
 from taskq.client import JobsClient
 from taskq.ops.jobs import MAX_REQUEUE_ATTEMPTS
 
-if TYPE_CHECKING:
-    from taskq.cli._base import Command
-
 
 def cmd_requeue(args: argparse.Namespace) -> int:
-    from taskq.cli._base import emit, job_filter, with_client
     from taskq.exceptions import NotFound, UsageError
     from taskq.exitcodes import ExitCode
 
@@ -55,7 +51,6 @@ def cmd_requeue(args: argparse.Namespace) -> int:
 
 
 def commands() -> tuple[Command, ...]:
-    from taskq.cli._base import FILTER_ARGS, JSON_ARG, Command, arg
     from taskq.cli.args import int_arg, job_id_arg
 
     return (

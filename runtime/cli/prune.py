@@ -16,11 +16,11 @@ import sys
 from typing import TYPE_CHECKING, TextIO
 
 from taskq.cli import output
+from taskq.cli._base import JSON_ARG, Command, arg, dsn_of, settings_args, worker_settings
 from taskq.models import PruneResult
 from taskq.ops.retention import keep_windows, prune
 
 if TYPE_CHECKING:
-    from taskq.cli._base import Command
     from taskq.settings import WorkerSettings
 
 RETENTION_FIELDS = ("retention_succeeded", "retention_failed", "retention_attempts", "retention_receipts",
@@ -91,15 +91,11 @@ def run_prune(args: argparse.Namespace, settings: WorkerSettings, dsn: str) -> i
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    from taskq.cli._base import dsn_of, worker_settings
-
     return run_prune(args, worker_settings(args), dsn_of(args))
 
 
 def commands() -> tuple[Command, ...]:
-    """`taskq prune`, with the retention windows' settings flags (imported late: taskq.cli imports this)."""
-    from taskq.cli._base import JSON_ARG, Command, arg, settings_args
-
+    """`taskq prune`, with the retention windows' settings flags."""
     retention = tuple(a for a in settings_args() if a.options["dest"].removeprefix("setting_") in RETENTION_FIELDS)
     return (
         Command(

@@ -1,23 +1,21 @@
 """`taskq queues` and `taskq queue pause|resume|limit Q`: the CLI face of taskq.ops.queues.
 
 Registered in `taskq.cli.COMMANDS` through `commands()`; errors follow its contract (2 usage, 4 no such
-queue). Imports nothing from taskq.cli at import time (taskq.cli imports it), only inside functions.
+queue). Built from `taskq.cli._base` (taskq.cli imports this module, never the reverse).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from taskq.backend.queues import UNSET
 from taskq.cli import output as cli_output
+from taskq.cli._base import JSON_ARG, Command, arg, emit, with_client
 from taskq.client import JobsClient
 from taskq.models import QueueStatsReport
 from taskq.ops.queues import check_limit, check_period, check_queue_name
-
-if TYPE_CHECKING:
-    from taskq.cli._base import Command
 
 ACTIONS = ("pause", "resume", "limit")
 QUEUE_COLUMNS = ("queue", "pending", "scheduled", "running", "awaiting", "failed 1h", "oldest pending",
@@ -55,7 +53,6 @@ def queues_table(report: QueueStatsReport) -> str:
 
 
 def cmd_queues(args: argparse.Namespace) -> int:
-    from taskq.cli._base import emit, with_client
     from taskq.exitcodes import ExitCode
 
     async def body(client: JobsClient) -> int:
@@ -105,7 +102,6 @@ def limit_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_queue(args: argparse.Namespace) -> int:
-    from taskq.cli._base import emit, with_client
     from taskq.exceptions import UsageError
     from taskq.exitcodes import ExitCode
 
@@ -130,8 +126,6 @@ def cmd_queue(args: argparse.Namespace) -> int:
 
 
 def commands() -> tuple[Command, ...]:
-    from taskq.cli._base import JSON_ARG, Command, arg
-
     return (
         Command("queues", cmd_queues, "list the queues: counts, oldest pending, throughput, pause and limits",
                 (JSON_ARG,)),

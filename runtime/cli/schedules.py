@@ -1,22 +1,19 @@
 """`taskq schedules` and `taskq schedule pause|resume|trigger NAME`: the CLI face of taskq.ops.schedules.
 
 Registered in `taskq.cli.COMMANDS` through `commands()`; errors follow its contract (2 usage, 4 no such
-schedule). Imports nothing from taskq.cli at import time (taskq.cli imports it), only inside functions.
+schedule). Built from `taskq.cli._base` (taskq.cli imports this module, never the reverse).
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from taskq.cli import output as cli_output
+from taskq.cli._base import JSON_ARG, Command, arg, emit, with_client
 from taskq.client import JobsClient
 from taskq.models import ScheduleInfo
 from taskq.ops.schedules import check_schedule_name
-
-if TYPE_CHECKING:
-    from taskq.cli._base import Command
 
 ACTIONS = ("pause", "resume", "trigger")
 SCHEDULE_COLUMNS = ("name", "schedule", "timezone", "next run (UTC)", "last run (UTC)", "last outcome", "enabled")
@@ -50,7 +47,6 @@ def schedules_table(rows: Sequence[ScheduleInfo]) -> str:
 
 
 def cmd_schedules(args: argparse.Namespace) -> int:
-    from taskq.cli._base import emit, with_client
     from taskq.exitcodes import ExitCode
 
     async def body(client: JobsClient) -> int:
@@ -62,7 +58,6 @@ def cmd_schedules(args: argparse.Namespace) -> int:
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:
-    from taskq.cli._base import emit, with_client
     from taskq.exitcodes import ExitCode
 
     name = check_schedule_name(args.name)  # a bad name is a usage error before any connection
@@ -81,8 +76,6 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 
 def commands() -> tuple[Command, ...]:
-    from taskq.cli._base import JSON_ARG, Command, arg
-
     return (
         Command("schedules", cmd_schedules, "list the periodic schedules: next and last run, state", (JSON_ARG,)),
         Command(

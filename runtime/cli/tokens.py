@@ -9,20 +9,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
 
 from taskq.cli import output
+from taskq.cli._base import JSON_ARG, Command, arg, emit, with_client
 from taskq.client import JobsClient
 from taskq.ops import tokens
-
-if TYPE_CHECKING:
-    from taskq.cli._base import Command
 
 ACTIONS = ("create", "list", "revoke")
 
 
 def cmd_tokens(args: argparse.Namespace) -> int:
-    from taskq.cli._base import emit, with_client
     from taskq.exceptions import UsageError
     from taskq.exitcodes import ExitCode
 
@@ -67,8 +63,6 @@ def cmd_tokens(args: argparse.Namespace) -> int:
 
 
 def commands() -> tuple[Command, ...]:
-    from taskq.cli._base import JSON_ARG, Command, arg
-
     return (
         Command(
             "tokens", cmd_tokens, "create, list or revoke the web API's bearer tokens",

@@ -11,12 +11,9 @@ import argparse
 import asyncio
 import ipaddress
 import sys
-from typing import TYPE_CHECKING
 
+from taskq.cli._base import Command, arg, dsn_of
 from taskq.cli.args import int_arg, seconds_arg
-
-if TYPE_CHECKING:
-    from taskq.cli._base import Command
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
@@ -55,7 +52,6 @@ async def _probe(dsn: str, auth: bool) -> int:
 
 
 def cmd_web(args: argparse.Namespace) -> int:
-    from taskq.cli._base import dsn_of
     from taskq.exceptions import MissingExtra
     from taskq.exitcodes import ExitCode
 
@@ -83,8 +79,6 @@ def cmd_web(args: argparse.Namespace) -> int:
 
 
 def commands() -> tuple[Command, ...]:
-    from taskq.cli._base import Command, arg
-
     return (
         Command(
             "web", cmd_web, "serve the dashboard and the /api/v1 JSON API",
