@@ -1,0 +1,80 @@
+"""What importing taskq loads, each probe in a fresh interpreter: `import taskq` loads none of taskq's parts
+and no third-party package, `from taskq import actor` (what a Django app writes) loads the actor
+declaration and not the clients, the backend, the pool or Prometheus, and every public name still
+resolves to the object its module defines."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+HEAVY = ("psycopg", "psycopg_pool", "prometheus_client", "pydantic_settings", "cronsim")
+
+
+def _loaded_by(statement: str) -> list[str]:
+    """The modules `statement` added to sys.modules in a fresh interpreter."""
+    probe = (f"import json, sys\nbefore = set(sys.modules)\n{statement}\n"
+             "print(json.dumps(sorted(set(sys.modules) - before)))")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    loaded: list[str] = json.loads(proc.stdout)
+    return loaded
+
+
+def _packages(modules: list[str]) -> set[str]:
+    return {m.split(".")[0] for m in modules}
+
+
+def test_import_taskq_loads_no_part_of_taskq_and_no_third_party_package() -> None:
+    loaded = _loaded_by("import taskq")
+    assert [m for m in loaded if m.startswith("taskq")] == ["taskq"]
+    assert "psycopg_pool" not in loaded and "prometheus_client" not in loaded
+    assert not _packages(loaded) & {*HEAVY, "pydantic"}
+
+
+def test_from_taskq_import_actor_loads_neither_the_clients_nor_the_backend_nor_prometheus() -> None:
+    loaded = _loaded_by("from taskq import actor")
+    assert not _packages(loaded) & set(HEAVY)
+    taskq_modules = {m for m in loaded if m.startswith("taskq")}
+    assert not taskq_modules & {"taskq.client", "taskq.client_sync", "taskq.backend", "taskq.metrics",
+                                "taskq.ops", "taskq.settings", "taskq.schedules"}, sorted(taskq_modules)
+
+
+def test_every_public_name_resolves_to_its_modules_object_and_is_listed_by_dir() -> None:
+    probe = """
+import json, taskq
+from taskq import *  # noqa: F403
+names = {}
+for name in taskq.__all__:
+    value = getattr(taskq, name)
+    names[name] = [value.__module__, getattr(value, "__qualname__", name)]
+print(json.dumps({"names": names, "dir": dir(taskq), "version": taskq.__version__}))
+"""
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert set(report["names"]) == set(_public_names())
+    for name, (module, qualname) in report["names"].items():
+        assert qualname == name and module.startswith("taskq."), (name, module, qualname)
+    assert set(_public_names()) <= set(report["dir"]) and "__version__" in report["dir"]
+
+
+def test_submodules_still_import_through_the_package_and_unknown_names_raise_attribute_error() -> None:
+    probe = """
+import taskq
+from taskq import sql, tracing
+try:
+    taskq.no_such_name
+except AttributeError as exc:
+    print(exc)
+"""
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "no_such_name" in proc.stdout
+
+
+def _public_names() -> list[str]:
+    import taskq
+
+    return list(taskq.__all__)
