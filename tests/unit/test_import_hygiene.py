@@ -1,13 +1,16 @@
 """What importing taskq loads, each probe in a fresh interpreter: `import taskq` loads none of taskq's parts
 and no third-party package, `from taskq import actor` (what a Django app writes) loads the actor
-declaration and not the clients, the backend, the pool or Prometheus, and every public name still
-resolves to the object its module defines."""
+declaration and not the clients, the backend, the pool or Prometheus, every public name still resolves
+to the object its module defines, and prometheus_client is imported at the first use of a metric, so the
+supervisor enters multiprocess mode in its own process (no re-exec)."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 HEAVY = ("psycopg", "psycopg_pool", "prometheus_client", "pydantic_settings", "cronsim")
 
@@ -72,6 +75,61 @@ except AttributeError as exc:
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "no_such_name" in proc.stdout
+
+
+def test_the_supervisor_and_worker_import_prometheus_client_only_when_a_metric_is_first_used() -> None:
+    loaded = _loaded_by("import taskq.supervisor.main, taskq.worker.main, taskq.cli, taskq.metrics")
+    assert "prometheus_client" not in _packages(loaded)
+    probe = """
+from taskq.metrics import STALE_WRITES
+STALE_WRITES.inc()
+from prometheus_client import REGISTRY
+print(REGISTRY.get_sample_value("taskq_stale_writes_total"), REGISTRY.get_sample_value("taskq_jobs_snoozed_total"))
+"""
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1.0", "0.0"], "the first use creates every collector, in the default registry"
+
+
+_MULTIPROCESS_PROBE = """
+import json, os, shutil, sys
+{before}
+import taskq.supervisor.main
+from taskq.supervisor.metrics_http import enter_multiprocess_mode
+entered = enter_multiprocess_mode()
+path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+report = {{"entered": entered, "dir": path is not None and os.path.isdir(path), "pid": os.getpid()}}
+if entered:
+    from taskq.metrics import WORKER_RESTARTS
+    WORKER_RESTARTS.inc()
+    from prometheus_client import values
+    report["multiprocess"] = values.ValueClass._multiprocess
+    report["files"] = sorted(os.listdir(path))
+    shutil.rmtree(path)
+print(json.dumps(report))
+"""
+
+
+def test_the_supervisor_enters_multiprocess_mode_in_its_own_process(tmp_path: Path) -> None:
+    env = {**os.environ, "RUNTIME_DIRECTORY": str(tmp_path)}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    proc = subprocess.run([sys.executable, "-c", _MULTIPROCESS_PROBE.format(before="")], capture_output=True,
+                          text=True, timeout=60, check=False, env=env)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["entered"] and report["dir"] and report["multiprocess"]
+    assert f"counter_{report['pid']}.db" in report["files"], "the counter did not write to the directory"
+
+
+def test_the_supervisor_refuses_metrics_that_prometheus_client_already_keeps_in_memory(tmp_path: Path) -> None:
+    env = {**os.environ, "RUNTIME_DIRECTORY": str(tmp_path)}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    proc = subprocess.run([sys.executable, "-c", _MULTIPROCESS_PROBE.format(before="import prometheus_client")],
+                          capture_output=True, text=True, timeout=60, check=False, env=env)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert not report["entered"] and not report["dir"]
+    assert list(tmp_path.iterdir()) == []
 
 
 def _public_names() -> list[str]:
