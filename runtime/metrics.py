@@ -10,10 +10,11 @@ forks creates them after the fork or inherits them, and either way writes to fil
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from taskq import tracing
 
 if TYPE_CHECKING:
     from prometheus_client import Counter, Gauge, Histogram
@@ -163,15 +164,13 @@ LIMITED_CLAIMS = LazyCounter(
 
 
 # -- the cancellation spec §10 metrics: Prometheus always, OpenTelemetry instruments too when the
-# application has set an OpenTelemetry meter provider (taskq.contrib.otel; nothing imported otherwise)
+# application has set an OpenTelemetry meter provider (the hooks taskq.contrib.otel registers in
+# taskq.tracing; nothing imported otherwise)
 
 
 def _otel() -> Any:
-    if "opentelemetry" not in sys.modules:
-        return None
-    from taskq.contrib import otel
-
-    return otel.instruments()
+    found = tracing.hooks()
+    return None if found is None else found.instruments()
 
 
 def cancellation_requested() -> None:

@@ -132,6 +132,33 @@ def test_the_supervisor_refuses_metrics_that_prometheus_client_already_keeps_in_
     assert list(tmp_path.iterdir()) == []
 
 
+_OTEL_PROBE = """
+import json, sys
+{before}
+from taskq import tracing
+from taskq.metrics import cancellation_requested
+cancellation_requested()
+print(json.dumps({{"active": tracing.active() is not None, "hooks": tracing.hooks() is not None,
+                  "loaded": "taskq.contrib.otel" in sys.modules}}))
+"""
+
+
+def test_opentelemetry_registers_its_hooks_only_in_a_process_that_imported_it() -> None:
+    def probe(before: str) -> dict[str, bool]:
+        proc = subprocess.run([sys.executable, "-c", _OTEL_PROBE.format(before=before)], capture_output=True,
+                              text=True, timeout=60, check=False)
+        assert proc.returncode == 0, proc.stderr
+        report: dict[str, bool] = json.loads(proc.stdout)
+        return report
+
+    assert probe("") == {"active": False, "hooks": False, "loaded": False}
+    # imported but no tracer provider set: the integration is loaded, and does nothing
+    assert probe("import opentelemetry.trace") == {"active": False, "hooks": True, "loaded": True}
+    with_provider = ("from opentelemetry import trace\nfrom opentelemetry.sdk.trace import TracerProvider\n"
+                     "trace.set_tracer_provider(TracerProvider())")
+    assert probe(with_provider) == {"active": True, "hooks": True, "loaded": True}
+
+
 def _public_names() -> list[str]:
     import taskq
 
