@@ -5,34 +5,80 @@ returns a do-nothing object at once unless OpenTelemetry is in use in this proce
 never imports it first) and set a real tracer provider (or, for metrics, meter provider), and
 TASKQ_OTEL is not `off`. Then taskq.contrib.otel (extra `taskq[otel]`) does the work. Without the extra,
 or with it installed but not configured, a traced place costs one dictionary lookup.
+
+The core does not import taskq.contrib.otel: it calls the hooks an integration registered here
+(`register`). The first traced place that finds OpenTelemetry imported loads the integration by its
+module name (`OTEL_INTEGRATION`), and the integration registers itself as it is imported.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 from uuid import UUID
-
-if TYPE_CHECKING:
-    from taskq.contrib.otel import Tracing
 
 _OFF: AbstractContextManager[Any] = contextlib.nullcontext(None)
 FIRST_ATTEMPT = "taskq_first_attempt"
 """The key of jobs.trace_context under which a retry's write stores the first traced attempt's span (a
 W3C traceparent), for every later attempt's span to link to."""
+OTEL_INTEGRATION = "taskq.contrib.otel"
+"""The module loaded, by name, when the application has imported OpenTelemetry; it calls `register`."""
 
 
-def active() -> Tracing | None:
-    """taskq.contrib.otel's tracing when OpenTelemetry traces in this process, else None."""
+class Tracer(Protocol):
+    """Spans for the traced places, for the tracer provider set now (what `Hooks.tracer` returns)."""
+
+    def producer(self, queue: str, actor: str, job_id: UUID | None, count: int,
+                 parent: Any = None) -> AbstractContextManager[str | None]: ...
+
+    def consumer(self, job: Any, isolation: str) -> AbstractContextManager[Any]: ...
+
+    def carrier(self) -> dict[str, str]: ...
+
+    def ids(self) -> dict[str, str]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Hooks:
+    """What an integration gives taskq. Each is called per traced place or metric update and answers for
+    the providers set at that moment: None while the application has set none."""
+
+    tracer: Callable[[], Tracer | None]
+    instruments: Callable[[], Any]
+    """The cancellation spec §10 instruments (taskq.metrics), or None."""
+
+
+_hooks: Hooks | None = None
+
+
+def register(hooks: Hooks) -> None:
+    """Trace and count through `hooks` from now on (an integration calls this when it is imported)."""
+    global _hooks
+    _hooks = hooks
+
+
+def hooks() -> Hooks | None:
+    """The registered integration's hooks while the application uses OpenTelemetry in this process, else
+    None. Loads the integration the first time it finds OpenTelemetry imported."""
+    if "opentelemetry" not in sys.modules:
+        return None
+    if _hooks is None:
+        importlib.import_module(OTEL_INTEGRATION)
+    return _hooks
+
+
+def active() -> Tracer | None:
+    """The integration's tracer when OpenTelemetry traces in this process, else None."""
     if "opentelemetry" not in sys.modules or os.environ.get("TASKQ_OTEL", "").lower() in ("off", "0", "false"):
         return None
-    from taskq.contrib import otel
-
-    return otel.tracing()
+    found = hooks()
+    return None if found is None else found.tracer()
 
 
 def producer(queue: str, actor: str, job_id: UUID | None, count: int = 1,

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
 
@@ -31,17 +30,11 @@ from pydantic import ValidationError
 from taskq.exitcodes import ExitCode
 from taskq.settings import WorkerSettings
 from taskq.supervisor.arbiter import Supervisor, SupervisorOptions
-from taskq.supervisor.metrics_http import (
-    ENV_DIR,
-    ENV_OWNED,
-    fresh_metrics_dir,
-    multiprocess_ready,
-    remove_metrics_dir,
-)
+from taskq.supervisor.metrics_http import enter_multiprocess_mode, remove_metrics_dir
+from taskq.supervisor.proctitle import set_title, supervisor_title
 from taskq.supervisor.web_child import WebChild
 from taskq.worker.cli import add_settings_flags, configure_logging, describe_validation_error
 
-ENV_REEXEC = "TASKQ_SUPERVISOR_REEXEC"
 ENV_WORKERS = "TASKQ_WORKERS"
 ERROR_PREFIX = "taskq: error: "
 
@@ -150,41 +143,10 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
-def _reexec(options: SupervisorOptions, settings: dict[str, str], web: list[str]) -> int:
-    """Start over in a fresh interpreter whose metrics are in multiprocess mode (see metrics_http).
-    Settings travel in the environment, so no DSN or password is ever put on the new command line."""
-    if os.environ.get(ENV_REEXEC) == "1":
-        return _fail("prometheus multiprocess mode could not be enabled (PROMETHEUS_MULTIPROC_DIR)",
-                     ExitCode.INTERNAL)
-    path = fresh_metrics_dir()
-    env = dict(os.environ)
-    env.update({ENV_DIR: path, ENV_OWNED: path, ENV_REEXEC: "1"})
-    env.update({f"TASKQ_{name.upper()}": value for name, value in settings.items()})
-    argv = [sys.executable, *_interpreter_flags(), "-m", "taskq.supervisor", options.app,
-            "--workers", str(options.workers)]
-    for flag, dest, _parse, _help in _SUPERVISOR_FLAGS:
-        argv += [flag, repr(getattr(options, dest))]
-    if not options.preload:
-        argv.append("--no-preload")
-    if not options.metrics:
-        argv.append("--no-metrics")
-    argv += web
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(sys.executable, argv, env)
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _interpreter_flags() -> list[str]:
-    flags: Callable[[], list[str]] | None = getattr(subprocess, "_args_from_interpreter_flags", None)
-    return flags() if flags is not None else []
-
-
 def supervisor_command(args: argparse.Namespace) -> int:
     """Run the supervisor from arguments parsed with `add_run_arguments`; returns the exit code."""
     from taskq.dsn import resolve_dsn
-    from taskq.exceptions import AppNotImportable as AppImportError
-    from taskq.exceptions import ConfigurationError, EmbeddedUnavailable
+    from taskq.exceptions import AppNotImportable, ConfigurationError, EmbeddedUnavailable
     from taskq.supervisor.spawn import inherited_fds
     from taskq.worker.cli import load_app
 
@@ -194,13 +156,12 @@ def supervisor_command(args: argparse.Namespace) -> int:
         options = _options(args)
     except ValidationError as exc:
         return _fail(describe_validation_error(exc), ExitCode.USAGE)
-    if not multiprocess_ready():
-        web_args = ([] if getattr(args, "web_port", None) is None
-                    else ["--web-port", str(args.web_port), "--web-host", args.web_host])
-        return _reexec(options, raw, web_args)
-    os.environ.pop(ENV_REEXEC, None)
+    set_title(supervisor_title(0, 0, options.app))  # before anything slow: a --dsn on argv leaves `ps` at once
     configure_logging(settings.log_format)
     inherited = inherited_fds()
+    if not enter_multiprocess_mode():
+        return _fail("prometheus multiprocess mode could not be enabled (PROMETHEUS_MULTIPROC_DIR): "
+                     "prometheus_client was imported before the supervisor started", ExitCode.INTERNAL)
     try:
         try:
             dsn = resolve_dsn(settings.dsn_value())
@@ -212,7 +173,7 @@ def supervisor_command(args: argparse.Namespace) -> int:
         if options.preload:
             try:
                 registry = load_app(options.app)
-            except AppImportError as exc:
+            except AppNotImportable as exc:
                 return _fail(str(exc), ExitCode.IMPORT_ERROR)
         web_port = getattr(args, "web_port", None)
         web = None if web_port is None else WebChild(

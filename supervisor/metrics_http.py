@@ -1,13 +1,14 @@
 """Prometheus multiprocess mode and the HTTP endpoint (`/metrics`, `/healthz`, `/readyz`).
 
-Why the supervisor re-executes itself once: prometheus_client picks its value class (in-memory or
-mmap-backed files in PROMETHEUS_MULTIPROC_DIR) when `prometheus_client.values` is imported, and every
-metric object keeps the class it was created with. `import taskq` already imports `taskq.metrics`, so by
-the time any supervisor code runs the metrics exist in single-process mode, and forked workers would
-inherit exactly those objects. Hence: create a fresh directory, put it in the environment, and exec the
-same supervisor again (same pid, so systemd's MainPID and NotifyAccess=main still hold). From then on
-every metric in the parent, and so in every forked worker, writes to per-pid files there; after a fork
-prometheus_client notices the new pid on the first update and opens the child's own files.
+How the supervisor enters multiprocess mode: prometheus_client picks its value class (in-memory, or
+mmap-backed files in PROMETHEUS_MULTIPROC_DIR) when `prometheus_client.values` is first imported, and
+every metric object keeps the class it was created with. Importing taskq imports no prometheus_client,
+and taskq.metrics creates its collectors at their first use, so the supervisor creates a fresh directory
+and puts it in its environment before anything has imported prometheus_client (`enter_multiprocess_mode`).
+From then on every metric in the supervisor, and so in every forked worker, writes to per-pid files
+there; after a fork prometheus_client notices the new pid on the first update and opens the child's own
+files. Only something that imported prometheus_client before the supervisor started (a sitecustomize,
+say) can defeat this, and then the supervisor refuses to start rather than serve one process's numbers.
 
 Why a forked helper process serves HTTP: the supervisor forks replacement workers for as long as it
 runs, and fork() from a process with other threads copies locks held by those threads (logging,
@@ -26,6 +27,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -37,7 +39,7 @@ log = logging.getLogger("taskq.supervisor.metrics")
 
 ENV_DIR = "PROMETHEUS_MULTIPROC_DIR"
 ENV_OWNED = "TASKQ_SUPERVISOR_METRICS_DIR"
-"""Set beside PROMETHEUS_MULTIPROC_DIR when the supervisor created that directory and re-executed."""
+"""Set beside PROMETHEUS_MULTIPROC_DIR when the supervisor created that directory (it removes it at exit)."""
 TEXT = "text/plain; charset=utf-8"
 HEALTH_STALE_AFTER = 10.0
 """Seconds without a health update from the supervisor before /healthz says the supervisor is stuck."""
@@ -46,15 +48,17 @@ HEALTH_STALE_AFTER = 10.0
 # -- the multiprocess directory ---------------------------------------------------------------------
 
 
-def multiprocess_ready() -> bool:
-    """True when this interpreter's metrics were created in multiprocess mode in a directory the
-    supervisor made for this run."""
-    path = os.environ.get(ENV_DIR)
-    if not path or os.environ.get(ENV_OWNED) != path or not os.path.isdir(path):
+def enter_multiprocess_mode() -> bool:
+    """Point PROMETHEUS_MULTIPROC_DIR at a fresh directory of this run, for this process and every child.
+    False (and nothing created) when prometheus_client was already imported in single-process mode: its
+    metrics could then never be summed across the workers."""
+    values = sys.modules.get("prometheus_client.values")
+    if values is not None and not getattr(values.ValueClass, "_multiprocess", False):
         return False
-    from prometheus_client import values
-
-    return bool(getattr(values.ValueClass, "_multiprocess", False))
+    path = fresh_metrics_dir()
+    os.environ[ENV_DIR] = path
+    os.environ[ENV_OWNED] = path
+    return True
 
 
 DIR_PREFIX = "taskq-metrics-"
@@ -62,9 +66,8 @@ DIR_PREFIX = "taskq-metrics-"
 
 def fresh_metrics_dir() -> str:
     """A new private directory for this run (systemd's RuntimeDirectory when there is one, else the
-    temp dir). Reusing an old one would resurrect dead processes' counters. The name carries our pid
-    (kept across the re-exec), so directories left by supervisors that were killed outright are
-    recognised and removed here."""
+    temp dir). Reusing an old one would resurrect dead processes' counters. The name carries our pid,
+    so directories left by supervisors that were killed outright are recognised and removed here."""
     base = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0] or tempfile.gettempdir()
     _remove_orphaned_dirs(base)
     return tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-", dir=base)

@@ -3,6 +3,8 @@
 Nothing to call: once the application has set a tracer provider (and imported OpenTelemetry, which
 setting one does), taskq traces through `taskq.tracing`; once it has set a meter provider, the metric
 names of the cancellation spec §10 are OpenTelemetry instruments too. TASKQ_OTEL=off turns both off.
+(taskq.tracing loads this module when it first finds OpenTelemetry imported; importing it registers
+`tracing` and `instruments` below as taskq.tracing's hooks.)
 
 Spans follow OpenTelemetry's messaging conventions (still "Development" status; schema pinned below):
 - `send {queue}`, PRODUCER, at `enqueue` / `enqueue_many` (one span per call; a batch carries
@@ -34,7 +36,7 @@ from opentelemetry import context, metrics, propagate, trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from taskq.tracing import FIRST_ATTEMPT
+from taskq.tracing import FIRST_ATTEMPT, Hooks, register
 
 SCHEMA_URL = "https://opentelemetry.io/schemas/1.27.0"
 SYSTEM = "taskq"
@@ -198,3 +200,6 @@ def instruments() -> Instruments | None:
         "metrics", metrics.get_meter_provider(),
         lambda p: Instruments(p.get_meter("taskq", schema_url=SCHEMA_URL)))
     return found
+
+
+register(Hooks(tracer=tracing, instruments=instruments))
