@@ -6,15 +6,15 @@ never imports it first) and set a real tracer provider (or, for metrics, meter p
 TASKQ_OTEL is not `off`. Then taskq.contrib.otel (extra `taskq[otel]`) does the work. Without the extra,
 or with it installed but not configured, a traced place costs one dictionary lookup.
 
-The core does not import taskq.contrib.otel: it calls the hooks an integration registered here
-(`register`). The first traced place that finds OpenTelemetry imported loads the integration by its
-module name (`OTEL_INTEGRATION`), and the integration registers itself as it is imported.
+The core does not import taskq.contrib.otel, nor know its name: it calls the hooks an integration
+registered here (`register`). The first traced place that finds OpenTelemetry imported loads the tracing
+integrations the installed distributions declare (entry points of the group `INTEGRATIONS`; taskq's own
+pyproject.toml declares taskq.contrib.otel there), and each registers itself as it is imported.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -27,8 +27,10 @@ _OFF: AbstractContextManager[Any] = contextlib.nullcontext(None)
 FIRST_ATTEMPT = "taskq_first_attempt"
 """The key of jobs.trace_context under which a retry's write stores the first traced attempt's span (a
 W3C traceparent), for every later attempt's span to link to."""
-OTEL_INTEGRATION = "taskq.contrib.otel"
-"""The module loaded, by name, when the application has imported OpenTelemetry; it calls `register`."""
+INTEGRATIONS = "taskq.tracing"
+"""The entry-point group of tracing integrations, loaded when the application has imported OpenTelemetry;
+each calls `register` as it is imported."""
+_loaded = False
 
 
 class Tracer(Protocol):
@@ -68,8 +70,13 @@ def hooks() -> Hooks | None:
     None. Loads the integration the first time it finds OpenTelemetry imported."""
     if "opentelemetry" not in sys.modules:
         return None
-    if _hooks is None:
-        importlib.import_module(OTEL_INTEGRATION)
+    global _loaded
+    if _hooks is None and not _loaded:
+        _loaded = True
+        from importlib.metadata import entry_points
+
+        for entry in entry_points(group=INTEGRATIONS):
+            entry.load()
     return _hooks
 
 
