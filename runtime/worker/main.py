@@ -15,7 +15,8 @@ from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any
 
 from taskq.actors.declaration import Actor, ActorRegistry, as_registry
-from taskq.actors.executors import AsyncioExecutor, Executor, ThreadExecutor
+from taskq.actors.executors import AsyncioExecutor, Execution, Executor
+from taskq.actors.thread import ThreadExecutor
 from taskq.backend import Backend
 from taskq.backend.schedules import ScheduleStore
 from taskq.backend.workers import ClaimedJob, WorkerStore
@@ -169,7 +170,7 @@ class Worker:
         if self.control.limited:
             self.dispatcher.wake.set()
 
-    def on_abandoned(self, entry: ActiveJob) -> None:
+    def on_abandoned(self, entry: Execution) -> None:
         """After an abandonment verdict: a thread that never left keeps its slot; too many of them and
         the worker restarts itself through the normal shutdown path (only process exit frees them)."""
         self.slot_freed()
