@@ -135,6 +135,10 @@ class Dispatcher:
                                              poll_interval=self._poll_interval))
                 self.wake.clear()
 
+    def stop(self) -> None:
+        """Wake it: it sees the worker draining and claims nothing more."""
+        self.wake.set()
+
     async def claim(self, want: int) -> list[ClaimedJob]:
         """Limited work first (it takes at most what its limits leave), then the plain claim for the rest;
         each only when the worker's view of queue control says it may find something."""

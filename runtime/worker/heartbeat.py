@@ -83,6 +83,9 @@ class Heartbeat:
             if self._state.leases_lost:
                 return
 
+    def stop(self) -> None:
+        """Nothing to stop: every lease must stay valid while the shutdown phases play out."""
+
     def lease_deadline(self) -> float:
         """When (loop clock) the leases this worker holds run out if no renewal gets through."""
         assert self.last_success is not None

@@ -48,6 +48,9 @@ class Listener:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 
+    def stop(self) -> None:
+        """Nothing to stop: cancel requests keep arriving while the shutdown phases play out."""
+
 
 def cancel_route(worker_id: str, deliver: Callable[[UUID, int, int], None]) -> Route:
     """The route of the cancel channel: a payload `job_id:attempt:epoch:worker_id` for this worker goes to

@@ -63,6 +63,9 @@ class LivenessReporter:
             return "draining"
         return "ready" if self._ready() else "starting"
 
+    def stop(self) -> None:
+        """Nothing to stop: the reports say `draining` until the exit."""
+
     def report(self) -> None:
         line = json.dumps({
             "pid": os.getpid(), "worker_id": self._worker_id, "state": self.state(),

@@ -51,6 +51,7 @@ from taskq.worker.registry import ActiveJob, ActiveJobRegistry
 from taskq.worker.release import Releaser
 from taskq.worker.resolver import SETTLE_CHANNEL, Resolver
 from taskq.worker.scheduler import Scheduler
+from taskq.worker.service import Service, ServiceSet, cancel_and_wait, settle
 from taskq.worker.state import WorkerState
 from taskq.worker.sweeper import Sweeper
 from taskq.worker.watchdog import ShutdownWatchdog
@@ -99,6 +100,20 @@ class WorkerParts:
     listener: Listener
     sweeper: Sweeper
     liveness: LivenessReporter | None
+
+    def services(self, *, listens: bool) -> dict[str, Service]:
+        """The services to run, by name, in their start order (the listener only with a LISTEN
+        connection, the liveness reports only under a supervisor)."""
+        found: dict[str, Service] = {
+            "completer": self.completer, "heartbeat": self.heartbeat, "sweeper": self.sweeper,
+            "resolver": self.resolver, "pruner": self.pruner, "scheduler": self.scheduler,
+            "dispatcher": self.dispatcher,
+        }
+        if listens:
+            found["listener"] = self.listener
+        if self.liveness is not None:
+            found["liveness"] = self.liveness
+        return found
 
 
 class Worker:
@@ -287,69 +302,53 @@ class Worker:
         await p.scheduler.sync()  # code declarations are upserted when a worker starts
         log.info("worker %s started: queues=%s concurrency=%d actors=%s", self.worker_id, s.queues,
                  self.concurrency, self.actors.names())
-        services = {
-            "completer": loop.create_task(p.completer.run(), name="taskq-completer"),
-            "heartbeat": loop.create_task(p.heartbeat.run(), name="taskq-heartbeat"),
-            "sweeper": loop.create_task(p.sweeper.run(), name="taskq-sweeper"),
-            "resolver": loop.create_task(p.resolver.run(), name="taskq-resolver"),
-            "pruner": loop.create_task(p.pruner.run(), name="taskq-pruner"),
-            "scheduler": loop.create_task(p.scheduler.run(), name="taskq-scheduler"),
-            "dispatcher": loop.create_task(p.dispatcher.run(), name="taskq-dispatcher"),
-        }
-        if s.listens():
-            services["listener"] = loop.create_task(p.listener.run(), name="taskq-listener")
-        else:
+        if not s.listens():
             log.info("no LISTEN connection (transaction_pooler without listen_dsn): polling every %.2fs, "
                      "cancel requests arrive with the heartbeat", s.poll_interval)
-        if p.liveness is not None:
-            services["liveness"] = loop.create_task(p.liveness.run(), name="taskq-liveness")
+        # the completer stops last: cancelling it mid-write could drop the batch it holds
+        services = ServiceSet(p.services(listens=s.listens()), last="completer")
+        services.start()
         stop_wait = loop.create_task(self.shutdown_event.wait(), name="taskq-stop-wait")
         self.ready.set()
         cancelled_from_outside = False
         try:
             try:
-                done, _ = await asyncio.wait([stop_wait, *services.values()], return_when=asyncio.FIRST_COMPLETED)
-                for name, task in services.items():
-                    if task in done and not task.cancelled() and task.exception():
-                        log.error("worker service %s crashed; shutting down", name, exc_info=task.exception())
-                        self.state.exit_code = exitcodes.ERROR
+                # the first service to end stops the worker, like a signal
+                for name, exc in await services.wait_first(stop_wait):
+                    log.error("worker service %s crashed; shutting down", name, exc_info=exc)
+                    self.state.exit_code = exitcodes.ERROR
             except asyncio.CancelledError:
                 # a bare cancel of the worker task is a supported stop path: same as a signal
                 cancelled_from_outside = True
                 current = asyncio.current_task()
                 if current is not None:
                     current.uncancel()
-            await self._shutdown(p)
+            await self._shutdown(p, services)
         finally:
             stop_wait.cancel()
-            # the completer stops last: cancelling it mid-write could drop the batch it holds
-            completer = services.pop("completer")
-            for task in services.values():
-                task.cancel()
+            others = services.cancel_others()
             if self.db_in_doubt():  # a service may be stuck cancelling a query the server never answers
-                await settle([*services.values(), *p.heartbeat.stuck_ticks()], self.step_budget())
-            await cancel_and_wait([*services.values(), stop_wait])
-            await asyncio.gather(*services.values(), stop_wait, return_exceptions=True)
+                await settle([*others, *p.heartbeat.stuck_ticks()], self.step_budget())
+            await cancel_and_wait([*others, stop_wait])
+            await asyncio.gather(*others, stop_wait, return_exceptions=True)
             try:
                 await self._final_step(p.completer.drain(), "final writes")
             finally:
-                await cancel_and_wait([completer])
-                await asyncio.gather(completer, return_exceptions=True)
+                await services.cancel_last()
                 await self._close(p)
         if cancelled_from_outside:
             raise asyncio.CancelledError
         return self.state.exit_code
 
-    async def _shutdown(self, p: WorkerParts) -> None:
+    async def _shutdown(self, p: WorkerParts, services: ServiceSet) -> None:
         """DRAINING -> SIGNALLED -> FORCED -> RELEASING -> EXITING (spec §4, §9). Heartbeats keep
         running until the end, so every lease stays valid while the phases play out."""
         self.watchdog.arm()
         s, state = self.settings, self.state
         # DRAINING: stop claiming at once (and pruning, after its current batch)
         state.draining = True
-        p.pruner.stopping.set()
         state.shutdown_active = True
-        p.wake.set()
+        services.stop()
         log.info("worker %s shutting down with %d jobs in flight", self.worker_id, len(self.registry))
         if state.leases_lost:
             await self._wait_empty(p, s.cleanup_grace_period)
@@ -451,31 +450,6 @@ class Worker:
 
     def _describe_held(self) -> list[str]:
         return [f"{e.id}#{e.attempt}" for e in self.registry]
-
-
-async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any]]) -> None:
-    """Cancel `tasks` and wait until they end, cancelling again whichever lost the cancel. On Python
-    3.11 a cancel that lands just as asyncio.wait_for's inner wait completes is lost, and psycopg_pool
-    waits for a pooled connection that way: a service loop cancelled while the pool hands it a connection
-    would run on, and the worker would never finish stopping (its watchdog ends it with exit 13)."""
-    pending = {t for t in tasks if not t.done()}
-    while pending:
-        for task in pending:
-            task.cancel()
-        _, pending = await asyncio.wait(pending, timeout=0.1)
-
-
-async def settle(tasks: Iterable[asyncio.Task[Any]], budget: float) -> None:
-    """Give `tasks` `budget` seconds to end, then cancel the rest, twice if need be: a second cancel
-    interrupts psycopg's own wait to cancel a query on a server that does not answer (a hung server,
-    a network partition), which closes that connection instead of waiting seconds for a reply."""
-    pending = {t for t in tasks if not t.done()}
-    for _ in range(3):
-        if not pending:
-            return
-        _, pending = await asyncio.wait(pending, timeout=budget)
-        for task in pending:
-            task.cancel()
 
 
 def install_signal_handlers(worker: Worker, loop: asyncio.AbstractEventLoop) -> None:

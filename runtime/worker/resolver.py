@@ -48,6 +48,9 @@ class Resolver:
             except TimeoutError:
                 pass
 
+    def stop(self) -> None:
+        """Nothing to stop: the backlog is settled until the exit."""
+
     async def resolve_once(self) -> int:
         """Steps until the backlog is empty (or held by other resolvers); returns the steps that took rows."""
         if not await self._store.settle_backlog(slices=SLICES_PER_STEP):
