@@ -31,9 +31,6 @@ from taskq.worker.cancel import CancelController
 from taskq.worker.completer import Completer
 from taskq.worker.consumer import Consumers
 from taskq.worker.decisions import (
-    EXIT_MARGIN,
-    LOST_LEASES_FINAL_STEP_BUDGET,
-    MIN_STEP_BUDGET,
     POOL_RECONNECT_TIMEOUT,
     db_in_doubt,
     phase_at_shutdown_force,
@@ -57,18 +54,6 @@ from taskq.worker.sweeper import Sweeper
 from taskq.worker.watchdog import ShutdownWatchdog
 
 log = logging.getLogger("taskq.worker")
-
-__all__ = [
-    "EXIT_MARGIN",
-    "LOST_LEASES_FINAL_STEP_BUDGET",
-    "MIN_STEP_BUDGET",
-    "POOL_RECONNECT_TIMEOUT",
-    "ShutdownWatchdog",
-    "Worker",
-    "WorkerParts",
-    "worker_main",
-    "worker_main_async",
-]
 
 MARK_STOPPING_BUDGET = 1.0
 """Seconds the stop waits to flag the workers row `stopping` (a courtesy for operators) before going on."""
@@ -409,7 +394,7 @@ class Worker:
 
     async def _final_step(self, step: Coroutine[Any, Any, None], what: str) -> None:
         """A last database step of the exit path. When the database did not answer lately (the leases were
-        lost, a release failed, heartbeats fail) give it LOST_LEASES_FINAL_STEP_BUDGET seconds rather
+        lost, a release failed, heartbeats fail) give it step_budget() seconds (decisions.step_budget) rather
         than the pool's own waits, so the worker exits promptly instead of being killed by its watchdog."""
         if not self.db_in_doubt():
             try:
