@@ -46,8 +46,8 @@ from taskq.logs import current_log_format
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
 
+    from taskq.actors.executors import Execution
     from taskq.settings import WorkerSettings
-    from taskq.worker.registry import ActiveJob
 
 log = logging.getLogger("taskq.executor.process")
 
@@ -92,7 +92,7 @@ class _Child:
     writer: asyncio.StreamWriter | None = None
     reader_task: asyncio.Task[None] | None = None
     watch_task: asyncio.Task[None] | None = None
-    entry: ActiveJob | None = None
+    entry: Execution | None = None
     key: JobKey | None = None
     outcome: asyncio.Future[tuple[Any, ...]] | None = None
     signalled: int | None = None
@@ -110,7 +110,7 @@ class _Child:
         if self.writer is not None and not self.writer.is_closing():
             self.writer.write(encode_frame(message))
 
-    def running(self, entry: ActiveJob) -> bool:
+    def running(self, entry: Execution) -> bool:
         return self.entry is entry and self.key == (entry.id, entry.attempt, entry.claim_epoch) and self.busy
 
 
@@ -125,8 +125,8 @@ class ProcessExecutor:
         self._mp = multiprocessing.get_context("spawn")
         self._live: set[_Child] = set()
         self._idle: list[_Child] = []
-        self._by_entry: dict[ActiveJob, _Child] = {}
-        self._waiting: set[ActiveJob] = set()
+        self._by_entry: dict[Execution, _Child] = {}
+        self._waiting: set[Execution] = set()
         self._spares: list[_Child] = []
         """Children started ahead of demand that are not ready yet; the next checkout takes one."""
         self._available = asyncio.Event()
@@ -135,7 +135,7 @@ class ProcessExecutor:
 
     # -- Executor --------------------------------------------------------------------------------
 
-    async def run(self, entry: ActiveJob) -> Any:
+    async def run(self, entry: Execution) -> Any:
         actor, ctx = entry.actor, entry.ctx
         assert actor is not None and ctx is not None
         self._waiting.add(entry)
@@ -175,24 +175,24 @@ class ProcessExecutor:
         self._after_job(child, outcome)
         return self._result(actor, entry, child, outcome)
 
-    def request_cancel(self, entry: ActiveJob) -> None:
+    def request_cancel(self, entry: Execution) -> None:
         child = self._by_entry.get(entry)
         if child is not None and child.running(entry) and entry.ctx is not None and entry.ctx.cancel_origin:
             child.send(("cancel", child.key, entry.ctx.cancel_origin.value))
 
-    def force_cancel(self, entry: ActiveJob) -> None:
+    def force_cancel(self, entry: Execution) -> None:
         child = self._by_entry.get(entry)
         if child is not None:
             self._signal(child, entry, signal.SIGTERM)
         elif entry in self._waiting and entry.task is not None and not entry.task.done():
             entry.task.cancel(msg="taskq: forced stop before a child process took the job")
 
-    def kill(self, entry: ActiveJob) -> None:
+    def kill(self, entry: Execution) -> None:
         child = self._by_entry.get(entry)
         if child is not None:
             self._signal(child, entry, signal.SIGKILL)
 
-    def still_running(self, entry: ActiveJob) -> bool:
+    def still_running(self, entry: Execution) -> bool:
         """True while a child still runs the job (its row must stay held)."""
         child = self._by_entry.get(entry)
         return child is not None and child.running(entry)
@@ -325,7 +325,7 @@ class ProcessExecutor:
             log.info("recycling child process %d: %s", child.pid, reason)
             self._retire(child)
 
-    def _signal(self, child: _Child, entry: ActiveJob, sig: int) -> None:
+    def _signal(self, child: _Child, entry: Execution, sig: int) -> None:
         """Kill by identity: only the child still running this attempt, and only if not yet reaped."""
         if not child.running(entry) or not self._unreaped(child):
             return
@@ -381,7 +381,7 @@ class ProcessExecutor:
             child.answers.add(task)
             task.add_done_callback(child.answers.discard)
 
-    async def _answer(self, child: _Child, entry: ActiveJob, message: tuple[Any, ...]) -> None:
+    async def _answer(self, child: _Child, entry: Execution, message: tuple[Any, ...]) -> None:
         """Do what the child asked on the loop, with the real JobContext, and reply."""
         kind, key, seq, *args = message
         assert entry.ctx is not None
@@ -473,7 +473,7 @@ class ProcessExecutor:
 
     # -- outcomes --------------------------------------------------------------------------------
 
-    def _result(self, actor: Any, entry: ActiveJob, child: _Child, outcome: tuple[Any, ...]) -> Any:
+    def _result(self, actor: Any, entry: Execution, child: _Child, outcome: tuple[Any, ...]) -> Any:
         kind = outcome[0]
         if kind == "result":
             raw: bytes = outcome[2]

@@ -26,11 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from taskq.actors.executors import call_actor
 from taskq.exceptions import NonRetryableError, StandInError
 from taskq.models import CancelOrigin
 
 if TYPE_CHECKING:
-    from taskq.worker.registry import ActiveJob
+    from taskq.actors.executors import Execution
 
 log = logging.getLogger("taskq.executor.thread")
 
@@ -72,20 +73,12 @@ def inject_exception(thread_id: int, exc_type: type[BaseException] | None) -> bo
     return bool(changed == 1)
 
 
-def call_actor(entry: ActiveJob) -> Any:
-    """Call the actor's function with the job's payload (and context, when it takes one)."""
-    assert entry.actor is not None and entry.ctx is not None
-    if entry.actor.takes_context:
-        return entry.actor.fn(entry.ctx.payload, entry.ctx)
-    return entry.actor.fn(entry.ctx.payload)
-
-
 @dataclass(eq=False)
 class _ActorThread:
     """One job's thread. `in_actor` is written under `lock` by the thread and read under it by the
     loop, so an exception is only injected while the thread is inside the actor."""
 
-    entry: ActiveJob
+    entry: Execution
     done: asyncio.Future[None]
     """Settled when the consumer may go on: the thread left the actor, or the ladder detached it."""
     gone: asyncio.Event = field(default_factory=asyncio.Event)
@@ -122,17 +115,17 @@ class ThreadExecutor:
         *,
         reinject_interval: float = 0.05,
         cleanup_grace_period: float = 10.0,
-        on_leak_change: Callable[[ActiveJob], None] | None = None,
+        on_leak_change: Callable[[Execution], None] | None = None,
     ) -> None:
         self.max_threads = max_threads
         self.reinject_interval = reinject_interval
         self.cleanup_grace_period = cleanup_grace_period
         self.on_leak_change = on_leak_change
         self._slots = asyncio.Semaphore(max_threads)
-        self._runs: dict[ActiveJob, _ActorThread] = {}
+        self._runs: dict[Execution, _ActorThread] = {}
 
     def configure(
-        self, *, cleanup_grace_period: float, on_leak_change: Callable[[ActiveJob], None] | None
+        self, *, cleanup_grace_period: float, on_leak_change: Callable[[Execution], None] | None
     ) -> None:
         """Adopt the worker's settings (called by the worker before the first thread job)."""
         self.cleanup_grace_period = cleanup_grace_period
@@ -140,7 +133,7 @@ class ThreadExecutor:
 
     # -- Executor --------------------------------------------------------------------------------
 
-    async def run(self, entry: ActiveJob) -> Any:
+    async def run(self, entry: Execution) -> Any:
         loop = asyncio.get_running_loop()
         run = _ActorThread(entry=entry, done=loop.create_future())
         self._runs[entry] = run
@@ -173,10 +166,10 @@ class ThreadExecutor:
             raise stand_in_error(type(value).__name__, str(value) or repr(value)) from value
         raise value
 
-    def request_cancel(self, entry: ActiveJob) -> None:
+    def request_cancel(self, entry: Execution) -> None:
         pass  # the context's thread-safe flag is already set
 
-    def force_cancel(self, entry: ActiveJob) -> None:
+    def force_cancel(self, entry: Execution) -> None:
         run = self._runs.get(entry)
         if run is None or run.left or run.forced:
             return
@@ -192,7 +185,7 @@ class ThreadExecutor:
         if entry.cancel_origin is not CancelOrigin.OPERATOR:
             run.timers.append(loop.call_later(self.cleanup_grace_period, self._give_up, run))
 
-    def kill(self, entry: ActiveJob) -> None:
+    def kill(self, entry: Execution) -> None:
         """After both graces, once the ladder has written the verdict: a thread still inside the actor is
         leaked and detached. Its consumer goes on; its slot stays taken until the thread leaves."""
         run = self._runs.get(entry)
@@ -203,7 +196,7 @@ class ThreadExecutor:
         if not run.done.done():
             run.done.set_result(None)
 
-    def still_running(self, entry: ActiveJob) -> bool:
+    def still_running(self, entry: Execution) -> bool:
         """True while the job's actor thread has not left the actor (its row must stay held)."""
         run = self._runs.get(entry)
         return run is not None and run.thread is not None and not run.left

@@ -108,7 +108,7 @@ async def measure(dsn: str, args: argparse.Namespace, levels: list[int]) -> list
             if missing > 0:
                 await client.enqueue_many(SLEEP, [SLEEP_SECONDS] * missing)
             await wait_until(partial(holds, worker, level), 60, f"{level} running jobs")
-            hb = worker.heartbeat
+            hb = worker.parts.heartbeat
             await wait_until(partial(ticked, hb, hb.ticks + 1), 10 * args.interval + 10, "a heartbeat tick")
             first = len(hb.tick_durations)
             loop = asyncio.get_running_loop()
@@ -160,7 +160,7 @@ async def measure_cpu(dsn: str, ticks: int) -> list[dict[str, Any]]:
             await wait_until(worker.ready.is_set, 30, "the worker to start")
             handles = [await client.enqueue(actor_name, {"below": 500_000_000}) for _ in range(2)]
             await wait_until(partial(holds, worker, 2), 30, "two CPU-bound jobs running")
-            hb = worker.heartbeat
+            hb = worker.parts.heartbeat
             await wait_until(partial(ticked, hb, hb.ticks + 3), 30, "the first ticks")
             first = len(hb.tick_durations)
             await wait_until(partial(recorded, hb, first + ticks), ticks * 2 + 30, f"{ticks} ticks")

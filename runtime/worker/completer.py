@@ -86,6 +86,9 @@ class Completer:
                 del self._queue[:MAX_BATCH]
                 await self._write(batch)
 
+    def stop(self) -> None:
+        """Nothing to stop: outcomes are written until the exit, which drains what is left."""
+
     async def drain(self) -> None:
         """Write everything queued, from the caller's task (used at exit)."""
         while self._queue:

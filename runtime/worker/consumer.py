@@ -7,12 +7,13 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from taskq import tracing, workflows
-from taskq.actors.declaration import Actor
+from taskq.actors.declaration import Actor, ActorRegistry
 from taskq.actors.executors import Executor
 from taskq.backend.workers import RETRY, ClaimedJob, Finish
 from taskq.client import JobHandle
@@ -20,11 +21,16 @@ from taskq.context import JobContext
 from taskq.enqueue import encode_payload, prepare_insert
 from taskq.exceptions import DependencyInvalid, PayloadInvalid, ResultInvalid, Snooze
 from taskq.metrics import JOB_DURATION, JOBS_COMPLETED, JOBS_SNOOZED
-from taskq.models import CancelMarker, CancelOrigin, CancelPhase, JobRow, JobStatus
+from taskq.models import CancelMarker, CancelOrigin, CancelPhase, JobStatus
+from taskq.worker.hooks import Hooks
 from taskq.worker.registry import ActiveJob
 
 if TYPE_CHECKING:
-    from taskq.worker.main import Worker
+    from taskq.backend import Backend
+    from taskq.backend.workers import WorkerStore
+    from taskq.logs import JobLines
+    from taskq.worker.completer import Completer
+    from taskq.worker.registry import ActiveJobRegistry
 
 log = logging.getLogger("taskq.worker")
 
@@ -76,10 +82,36 @@ def _note_first_attempt(entry: ActiveJob, finish: Finish) -> None:
 
 
 class Consumers:
-    """The consumer side of one worker: spawns a task per claimed job and owns its terminal write."""
+    """The consumer side of one worker: spawns a task per claimed job and owns its terminal write.
 
-    def __init__(self, worker: Worker) -> None:
-        self.w = worker
+    `executor_for(actor)` picks the executor of the actor's isolation; `release(entries)` gives an
+    attempt a shutdown interrupted back to the fleet; `on_done()` follows the end of each consumer task
+    (its slot is free); `job_log`, when set, writes the INFO line at each attempt's start and finish."""
+
+    def __init__(
+        self,
+        registry: ActiveJobRegistry,
+        actors: ActorRegistry,
+        backend: Backend,
+        store: WorkerStore,
+        completer: Completer,
+        hooks: Hooks,
+        *,
+        executor_for: Callable[[Actor[Any, Any]], Executor],
+        release: Callable[[Sequence[ActiveJob]], Awaitable[None]],
+        on_done: Callable[[], None],
+        job_log: JobLines | None,
+    ) -> None:
+        self._registry = registry
+        self._actors = actors
+        self._backend = backend
+        self._store = store
+        self._completer = completer
+        self._hooks = hooks
+        self._executor_for = executor_for
+        self._release = release
+        self._on_done = on_done
+        self._job_log = job_log
         self.tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._completed = {s: JOBS_COMPLETED.labels(status=s) for s in (*TERMINAL_NAMES, "retried", "snoozed")}
@@ -92,7 +124,7 @@ class Consumers:
 
     def spawn(self, job: ClaimedJob) -> None:
         entry = ActiveJob(job=job)
-        self.w.registry.add(entry)
+        self._registry.add(entry)
         task = self.loop.create_task(self._consume(entry))
         entry.task = task
         self.tasks.add(task)
@@ -100,7 +132,7 @@ class Consumers:
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
-        self.w.slot_freed()
+        self._on_done()
         if not task.cancelled() and task.exception() is not None:
             log.error("consumer task crashed", exc_info=task.exception())
 
@@ -111,18 +143,18 @@ class Consumers:
             for timer in entry.timers:
                 timer.cancel()
             if entry.cancel_phase < CancelPhase.ABANDON_PENDING:
-                self.w.registry.remove(entry.id, entry)
+                self._registry.remove(entry.id, entry)
 
     async def _execute(self, entry: ActiveJob) -> None:
         job = entry.job
-        actor = self.w.actors.get(job.actor)
+        actor = self._actors.get(job.actor)
         if actor is None:
             await self._write(entry, Finish(
                 job_id=job.id, attempt=job.attempt, claim_epoch=job.claim_epoch, status="failed",
                 outcome="failed", error_class="UnknownActor",
                 error_message=(
                     f"no actor named {job.actor!r} is registered in this worker (it knows "
-                    f"{', '.join(self.w.actors.names()) or 'none'}); deploy a worker that registers it "
+                    f"{', '.join(self._actors.names()) or 'none'}); deploy a worker that registers it "
                     "and enqueue the job again"
                 ),
                 detail={"retryable": False},
@@ -149,7 +181,7 @@ class Consumers:
         if not actor.idempotent and job.idempotent:
             # enqueued by name: say so on the row before the actor can have any effect, so that a reclaimer
             # that does not know the actor never re-runs it after a crash (idempotent actors pay nothing)
-            if not await self.w.store.mark_not_idempotent(job):
+            if not await self._store.mark_not_idempotent(job):
                 log.warning("job %s attempt %d: no longer holds the row; not started", job.id, job.attempt)
                 entry.finishing = True
                 return
@@ -160,14 +192,14 @@ class Consumers:
             job_id=job.id, attempt=job.attempt, claim_epoch=job.claim_epoch, payload=payload,
             actor_name=actor.name, last_progress=last, runtime=self, loop=loop, scheduled_for=job.scheduled_for,
         )
-        entry.executor = self.w.executor_for(actor)
+        entry.executor = self._executor_for(actor)
         if entry.cancel_origin is not None:  # a cancel (or shutdown) arrived before the actor started
             entry.ctx.request_cancel(entry.cancel_origin)
         self._arm_timers(entry, actor, loop)
         with tracing.consumer(job, actor.isolation) as span:
             entry.span = span
-            if self.w.job_log is not None:
-                self.w.job_log.started(job)
+            if self._job_log is not None:
+                self._job_log.started(job)
             started = loop.time()
             try:
                 result = await entry.executor.run(entry)
@@ -194,8 +226,8 @@ class Consumers:
         JOB_DURATION.observe(elapsed)
         if span is not None:
             span.outcome(outcome, error_type)
-        if self.w.job_log is not None:
-            self.w.job_log.finished(job, outcome, elapsed, detail)
+        if self._job_log is not None:
+            self._job_log.finished(job, outcome, elapsed, detail)
 
     def _arm_timers(self, entry: ActiveJob, actor: Actor[Any, Any], loop: asyncio.AbstractEventLoop) -> None:
         if actor.timeout is not None:
@@ -238,7 +270,7 @@ class Consumers:
             outcome="succeeded", result_json=result_json, detail=detail,
         ))
         if written and actor.on_success is not None:
-            await self.w.hooks.run(actor.on_success, entry, actor.hook_timeout, "on_success")
+            await self._hooks.run(actor.on_success, entry, actor.hook_timeout, "on_success")
 
     async def _on_snooze(self, entry: ActiveJob, actor: Actor[Any, Any], snooze: Snooze) -> None:
         """The actor asked to run again later: back to scheduled, its attempt given back to the budget. A
@@ -257,7 +289,7 @@ class Consumers:
         if written == RETRY:
             JOBS_SNOOZED.inc()
         elif written == "cancelled" and actor.on_cancel is not None:
-            await self.w.hooks.run(actor.on_cancel, entry, actor.on_cancel_timeout, "on_cancel")
+            await self._hooks.run(actor.on_cancel, entry, actor.on_cancel_timeout, "on_cancel")
 
     async def _on_failure(self, entry: ActiveJob, actor: Actor[Any, Any], exc: Exception) -> None:
         job = entry.job
@@ -277,9 +309,9 @@ class Consumers:
         """Hooks for a failure's outcome. A retry the database turned into a cancel (the operator's request
         committed before the failure was written) is a cancel: on_cancel, not a retry."""
         if written == "failed" and actor.on_retry_exhausted is not None:
-            await self.w.hooks.run(actor.on_retry_exhausted, entry, actor.hook_timeout, "on_retry_exhausted")
+            await self._hooks.run(actor.on_retry_exhausted, entry, actor.hook_timeout, "on_retry_exhausted")
         elif written == "cancelled" and finish.status == RETRY and actor.on_cancel is not None:
-            await self.w.hooks.run(actor.on_cancel, entry, actor.on_cancel_timeout, "on_cancel")
+            await self._hooks.run(actor.on_cancel, entry, actor.on_cancel_timeout, "on_cancel")
 
     async def _on_cancelled(self, entry: ActiveJob, actor: Actor[Any, Any]) -> None:
         """The actor ended with CancelledError: decide by why it was stopped, never by the exception."""
@@ -319,7 +351,7 @@ class Consumers:
             detail={"cancel_phase": int(min(entry.cancel_phase, CancelPhase.FORCED)), **(detail or {})},
         ))
         if written and actor is not None and actor.on_cancel is not None:
-            await self.w.hooks.run(actor.on_cancel, entry, actor.on_cancel_timeout, "on_cancel")
+            await self._hooks.run(actor.on_cancel, entry, actor.on_cancel_timeout, "on_cancel")
         return written is not None
 
     async def _release_or_drop(self, entry: ActiveJob) -> None:
@@ -327,7 +359,7 @@ class Consumers:
         row goes back to the fleet. A lost lease writes nothing."""
         if entry.cancel_origin is CancelOrigin.LEASE_LOST:
             return
-        await self.w.release([entry])
+        await self._release([entry])
 
     async def _write(self, entry: ActiveJob, finish: Finish) -> str | None:
         """The status written (a retry over an operator's cancel request comes back 'cancelled'), or None."""
@@ -335,7 +367,7 @@ class Consumers:
         if finish.status == RETRY and entry.span is not None:
             _note_first_attempt(entry, finish)
         try:
-            written = await self.w.completer.finish(finish)
+            written = await self._completer.finish(finish)
         except Exception as exc:
             log.error("job %s: outcome %s not written (%s); its lease will expire and the sweeper "
                       "will decide", entry.id, finish.status, exc)
@@ -349,7 +381,7 @@ class Consumers:
 
     async def save_progress(self, ctx: JobContext[Any], data: Any, message: str | None) -> None:
         doc = encode_payload(None, ctx.actor_name, {"data": data, "message": message}, 1024 * 1024)
-        held = await self.w.store.save_progress(ctx.job_id, ctx.attempt, ctx.claim_epoch, doc)
+        held = await self._store.save_progress(ctx.job_id, ctx.attempt, ctx.claim_epoch, doc)
         if not held:
             log.warning("job %s: progress not saved, attempt %d no longer holds the row", ctx.job_id, ctx.attempt)
         ctx.last_progress = data
@@ -360,11 +392,11 @@ class Consumers:
         options = dict(options)
         parents, mode = workflows.check_dependencies(options.pop("depends_on", None),
                                                      options.pop("dependency_mode", "on_success"))
-        job = prepare_insert(target, payload, registry=self.w.actors, max_payload_bytes=1024 * 1024,
+        job = prepare_insert(target, payload, registry=self._actors, max_payload_bytes=1024 * 1024,
                              parent_id=ctx.job_id, **options)
         if parents and job.unique_key is not None:
             raise DependencyInvalid("unique_key cannot be combined with depends_on")
-        entry = self.w.registry.get(ctx.job_id)
+        entry = self._registry.get(ctx.job_id)
         # the producer span is a child of the enqueuing attempt's consumer span, in whatever thread or task
         # the actor called from
         with tracing.producer(job.options.queue, job.options.actor, job.id,
@@ -372,41 +404,14 @@ class Consumers:
             if trace_context is not None:
                 job = replace(job, options=replace(job.options, trace_context=trace_context))
             if parents:
-                inserted = await workflows.enqueue_dependent(self.w.backend, job, parents, mode)
+                inserted = await workflows.enqueue_dependent(self._backend, job, parents, mode)
             else:
-                inserted = await self.w.backend.job_insert_deferred(job)
+                inserted = await self._backend.job_insert_deferred(job)
         row = inserted.row()
         return JobHandle(row.id, client=None, row=row, created=inserted.created)
 
     async def parent_results(self, ctx: JobContext[Any]) -> dict[Any, Any]:
-        return await workflows.parent_results(self.w.backend, ctx.job_id, self.w.actors)
-
-
-class Hooks:
-    """Lifecycle hooks: after the write, with the terminal row; best-effort and timeout-bounded."""
-
-    def __init__(self, worker: Worker) -> None:
-        self.w = worker
-
-    async def run(self, hook: Any, entry: ActiveJob, timeout: float, name: str) -> None:
-        try:
-            row = await self.w.backend.get(entry.id)
-            if row is None:
-                return
-            await asyncio.wait_for(self._call(hook, row), timeout)
-        except TimeoutError:
-            log.warning("job %s: %s hook still running after %.1fs; abandoned", entry.id, name, timeout)
-        except Exception:
-            log.exception("job %s: %s hook raised (ignored)", entry.id, name)
-
-    @staticmethod
-    async def _call(hook: Any, row: JobRow) -> None:
-        if asyncio.iscoroutinefunction(hook):
-            await hook(row)
-        else:
-            result = await asyncio.to_thread(hook, row)
-            if asyncio.iscoroutine(result):
-                await result
+        return await workflows.parent_results(self._backend, ctx.job_id, self._actors)
 
 
 __all__ = ["Consumers", "Executor", "Hooks", "cancel_marker", "decide_after_failure"]

@@ -1,24 +1,22 @@
-"""The dispatcher claims batches up to the free slots; the listener wakes it on NOTIFY and delivers
-cancel requests in milliseconds. Polling every `poll_interval` is the fallback for both."""
+"""The dispatcher claims batches up to the free slots; the listener (taskq.worker.listener) wakes it on
+NOTIFY, a freed slot it waits for wakes it too. Polling every `poll_interval` is the fallback."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
-from uuid import UUID
 
-import psycopg
-
-from taskq.backend import CANCEL_CHANNEL, JOBS_CHANNEL
-from taskq.backend.notify import open_listener
-from taskq.backend.queues import QUEUES_CHANNEL
 from taskq.metrics import JOBS_CLAIMED, JOBS_IN_FLIGHT, LIMITED_CLAIMS
-from taskq.worker.resolver import SETTLE_CHANNEL
+from taskq.worker.decisions import claim_pause, claim_size, free_slots, lingering_after
 
 if TYPE_CHECKING:
-    from taskq.backend.workers import ClaimedJob
-    from taskq.worker.main import Worker
+    from taskq.backend.workers import ClaimedJob, WorkerStore
+    from taskq.worker.completer import Completer
+    from taskq.worker.queue_control import QueueControl
+    from taskq.worker.registry import ActiveJobRegistry
+    from taskq.worker.state import WorkerState
 
 log = logging.getLogger("taskq.dispatcher")
 
@@ -34,30 +32,85 @@ BUSY_POLLS empty claims per busy spell."""
 BUSY_POLLS = 3
 
 
-class Dispatcher:
-    def __init__(self, worker: Worker) -> None:
-        self.w = worker
-        self.wake = asyncio.Event()
-        self.busy_poll = BUSY_POLL
+class ClaimWake:
+    """What wakes the dispatcher: a NOTIFY (the listener), a freed slot it waits for, a stop. Made before
+    the dispatcher, so that the completer and the consumers it feeds can be handed `slot_freed`."""
+
+    def __init__(self, state: WorkerState, control: QueueControl) -> None:
+        self._state = state
+        self._control = control
+        self.event = asyncio.Event()
         self.full = False
-        """Waiting for a free slot (every one of `concurrency` is taken), not for new jobs."""
+        """The dispatcher waits for a free slot (every one of `concurrency` is taken), not for new jobs."""
+
+    def set(self) -> None:
+        self.event.set()
+
+    def slot_freed(self) -> None:
+        # only a dispatcher waiting for a slot has a reason to claim again; one that found the queue empty
+        # waits for a NOTIFY or its poll (waking it here would cost an empty claim per finished job)
+        if self.full or self._state.draining:
+            self.event.set()
+
+    def limited_slot_freed(self) -> None:
+        # a finish just committed: under limits, the slot it freed may be the one our claims wait for (a
+        # worker that found its limits used up waits for a NOTIFY or its poll otherwise)
+        if self._control.limited:
+            self.event.set()
+
+
+class Dispatcher:
+    """Claims for `spawn(job)` (the consumers); a claim that lands after the stop began hands its rows to
+    `release_unstarted(jobs)`."""
+
+    def __init__(
+        self,
+        store: WorkerStore,
+        registry: ActiveJobRegistry,
+        state: WorkerState,
+        control: QueueControl,
+        completer: Completer,
+        wake: ClaimWake,
+        *,
+        spawn: Callable[[ClaimedJob], None],
+        release_unstarted: Callable[[Sequence[ClaimedJob]], Awaitable[None]],
+        queues: Sequence[str],
+        concurrency: int,
+        claim_batch_size: int,
+        lock_timeout: float,
+        poll_interval: float,
+    ) -> None:
+        self._store = store
+        self._registry = registry
+        self._state = state
+        self._control = control
+        self._completer = completer
+        self._wake = wake
+        self.wake = wake.event
+        self._spawn = spawn
+        self._release_unstarted = release_unstarted
+        self._queues = queues
+        self._concurrency = concurrency
+        self._claim_batch_size = claim_batch_size
+        self._lock_timeout = lock_timeout
+        self._poll_interval = poll_interval
+        self.busy_poll = BUSY_POLL
 
     async def run(self) -> None:
-        s = self.w.settings
         loop = asyncio.get_running_loop()
         backoff = 0.05
         lingering = BUSY_POLLS  # empty claims in a row since the busy poll found jobs (BUSY_POLLS: off)
-        while not self.w.draining:
+        while not self._state.draining:
             free = self.free_slots()
             if free <= 0:
                 self.wake.clear()
-                self.full = True
+                self._wake.full = True
                 try:
                     await self.wake.wait()
                 finally:
-                    self.full = False
+                    self._wake.full = False
                 continue
-            want = min(free, s.claim_batch_size)
+            want = claim_size(free, self._claim_batch_size)
             try:
                 jobs = await self.claim(want)
             except Exception as exc:
@@ -65,50 +118,46 @@ class Dispatcher:
                 # a NOTIFY (the listener is back, so is the database) cuts the backoff short
                 self.wake.clear()
                 await self._wait(backoff)
-                backoff = min(backoff * 2, s.poll_interval)
+                backoff = min(backoff * 2, self._poll_interval)
                 continue
             backoff = 0.05
-            if self.w.draining:  # stop arrived during the claim: run nothing new, give the rows back
-                await self.w.release_unstarted(jobs)
+            if self._state.draining:  # stop arrived during the claim: run nothing new, give the rows back
+                await self._release_unstarted(jobs)
                 return
             for job in jobs:
-                self.w.consumers.spawn(job)
+                self._spawn(job)
             if jobs:
                 # counted after the new consumers' first steps, which start the actors
                 loop.call_soon(self._count, jobs)
             if len(jobs) < want:
-                if len(jobs) > 1 or (jobs and lingering < BUSY_POLLS):
-                    lingering = 0
-                elif lingering < BUSY_POLLS:
-                    lingering += 1
-                busy = lingering < BUSY_POLLS
-                await self._wait(min(self.busy_poll, s.poll_interval) if busy else s.poll_interval)
+                lingering = lingering_after(lingering, len(jobs), busy_polls=BUSY_POLLS)
+                await self._wait(claim_pause(lingering, busy_polls=BUSY_POLLS, busy_poll=self.busy_poll,
+                                             poll_interval=self._poll_interval))
                 self.wake.clear()
+
+    def stop(self) -> None:
+        """Wake it: it sees the worker draining and claims nothing more."""
+        self.wake.set()
 
     async def claim(self, want: int) -> list[ClaimedJob]:
         """Limited work first (it takes at most what its limits leave), then the plain claim for the rest;
         each only when the worker's view of queue control says it may find something."""
-        s = self.w.settings
-        control = self.w.control
+        control = self._control
         await control.refresh_if_due()
         jobs: list[ClaimedJob] = []
         if control.limited:
-            jobs = await self.w.store.claim_limited(s.queues, want, s.lock_timeout,
-                                                    queue_limits_only=control.queue_limits_only)
+            jobs = await self._store.claim_limited(self._queues, want, self._lock_timeout,
+                                                   queue_limits_only=control.queue_limits_only)
             LIMITED_CLAIMS.labels(result="jobs" if jobs else "empty").inc()
         if control.plain and len(jobs) < want:
-            jobs += await self.w.store.claim(s.queues, want - len(jobs), s.lock_timeout)
+            jobs += await self._store.claim(self._queues, want - len(jobs), self._lock_timeout)
         return jobs
 
     def free_slots(self) -> int:
-        """Slots for new claims: `concurrency` minus the jobs whose actors have not returned yet. A job
-        whose outcome waits in the completer does not count (its actor is done; claiming for its slot
-        now overlaps the next claim with that write), but at most `concurrency` of those are held, so
-        a worker never holds more than twice `concurrency` rows."""
-        held = len(self.w.registry)
-        concurrency = self.w.concurrency
-        outstanding = self.w.completer.outstanding
-        return min(concurrency - held + outstanding, 2 * concurrency - held)
+        """Slots for new claims (taskq.worker.decisions.free_slots): a job whose outcome waits in the
+        completer does not count (its actor is done; claiming for its slot now overlaps the next claim
+        with that write)."""
+        return free_slots(self._concurrency, len(self._registry), self._completer.outstanding)
 
     async def _wait(self, timeout: float) -> None:
         """Until woken, or `timeout` seconds. Not asyncio.wait_for: on Python 3.11 it waits in a task of
@@ -125,52 +174,4 @@ class Dispatcher:
             claimed[job.queue] = claimed.get(job.queue, 0) + 1
         for queue, count in claimed.items():  # one labelled increment per queue, not per job
             JOBS_CLAIMED.labels(queue=queue).inc(count)
-        JOBS_IN_FLIGHT.set(len(self.w.registry))
-
-
-class Listener:
-    """A dedicated LISTEN connection that reconnects by itself."""
-
-    def __init__(self, worker: Worker, dsn: str) -> None:
-        self.w = worker
-        self.dsn = dsn
-        self.connected = asyncio.Event()
-
-    async def run(self) -> None:
-        backoff = 0.1
-        queues = set(self.w.settings.queues)
-        while True:
-            try:
-                conn = await open_listener(self.dsn)
-                async with conn:
-                    self.connected.set()
-                    backoff = 0.1
-                    self.w.control.invalidate()  # a pause or limit change made while we were away
-                    self.w.dispatcher.wake.set()  # anything enqueued while we were away
-                    self.w.resolver.wake.set()  # a backlog written while we were away
-                    async for note in conn.notifies():
-                        if note.channel == JOBS_CHANNEL:
-                            if note.payload in queues:
-                                self.w.dispatcher.wake.set()
-                        elif note.channel == CANCEL_CHANNEL:
-                            self._on_cancel(note.payload)
-                        elif note.channel == SETTLE_CHANNEL:
-                            self.w.resolver.wake.set()
-                        elif note.channel == QUEUES_CHANNEL:
-                            if note.payload in queues or note.payload == "*":
-                                self.w.control.invalidate()
-                                self.w.dispatcher.wake.set()
-            except (psycopg.Error, OSError) as exc:
-                self.connected.clear()
-                log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-
-    def _on_cancel(self, payload: str) -> None:
-        try:
-            job_id, attempt, epoch, worker_id = payload.split(":", 3)
-            if worker_id != self.w.worker_id:
-                return
-            self.w.controller.on_notification(UUID(job_id), int(attempt), int(epoch))
-        except ValueError:
-            log.warning("ignoring malformed cancel notification %r", payload)
+        JOBS_IN_FLIGHT.set(len(self._registry))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -15,9 +16,13 @@ from psycopg import AsyncConnection
 
 from taskq.backend.workers import HeldRow
 from taskq.metrics import JOBS_IN_FLIGHT, heartbeat_failures, heartbeat_tick
+from taskq.worker.decisions import lease_deadline, must_self_fence, next_tick_at, tick_window
 
 if TYPE_CHECKING:
-    from taskq.worker.main import Worker
+    from taskq.backend import Backend
+    from taskq.backend.workers import WorkerStore
+    from taskq.worker.registry import ActiveJobRegistry
+    from taskq.worker.state import WorkerState
 
 log = logging.getLogger("taskq.heartbeat")
 
@@ -25,9 +30,40 @@ STUCK_TICK_SLACK = 0.05
 """Seconds past its deadline a tick may take to unwind before the self-fence stops waiting for it."""
 
 
+InTx = Callable[[AsyncConnection[Any], dict[UUID, HeldRow]], Awaitable[None]]
+
+
 class Heartbeat:
-    def __init__(self, worker: Worker) -> None:
-        self.w = worker
+    """`in_tx(conn, flags)` runs inside each tick's transaction with the cancel flags it read, `post_tx()`
+    after its commit (the cancel controller's two halves); `on_leases_lost(why)` when renewals failed for
+    lock_timeout while holding jobs (the self-fence)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        store: WorkerStore,
+        registry: ActiveJobRegistry,
+        state: WorkerState,
+        *,
+        queues: Sequence[str],
+        concurrency: int,
+        heartbeat_interval: float,
+        lock_timeout: float,
+        in_tx: InTx,
+        post_tx: Callable[[], Awaitable[None]],
+        on_leases_lost: Callable[[str], None],
+    ) -> None:
+        self._backend = backend
+        self._store = store
+        self._registry = registry
+        self._state = state
+        self._queues = queues
+        self._concurrency = concurrency
+        self._interval = heartbeat_interval
+        self._lock_timeout = lock_timeout
+        self._in_tx = in_tx
+        self._post_tx = post_tx
+        self._on_leases_lost = on_leases_lost
         self.consecutive_failures = 0
         self.last_success: float | None = None
         self.ticks = 0
@@ -38,24 +74,22 @@ class Heartbeat:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         self.last_success = loop.time()
-        interval = self.w.settings.heartbeat_interval
-        next_tick = loop.time() + interval
+        next_tick = loop.time() + self._interval
         while True:
             # wake at the lease deadline too: a renewal that keeps failing must not outlive the lease
             await asyncio.sleep(max(0.0, min(next_tick, self.lease_deadline()) - loop.time()))
-            next_tick += interval
-            if next_tick < loop.time():  # fell behind (a long tick): do not burst to catch up
-                next_tick = loop.time() + interval
+            next_tick = next_tick_at(next_tick, self._interval, loop.time())
             await self._tick_within_lease()
-            if self.w.leases_lost:
+            if self._state.leases_lost:
                 return
 
+    def stop(self) -> None:
+        """Nothing to stop: every lease must stay valid while the shutdown phases play out."""
+
     def lease_deadline(self) -> float:
-        """When (loop clock) the leases this worker holds run out if no renewal gets through: the start
-        of the last successful tick plus lock_timeout. The database computed each lease from its own
-        `now()` during that tick, so this is never later than the real expiry."""
+        """When (loop clock) the leases this worker holds run out if no renewal gets through."""
         assert self.last_success is not None
-        return self.last_success + self.w.settings.lock_timeout
+        return lease_deadline(self.last_success, self._lock_timeout)
 
     async def _tick_within_lease(self) -> None:
         """One tick, whose outcome the self-fence never waits for past the deadline. A tick cancelled at
@@ -89,14 +123,11 @@ class Heartbeat:
     def _begin_tick(self) -> tuple[float, float]:
         """The tick's start and its deadline (loop clock)."""
         tick_start = asyncio.get_running_loop().time()
-        if not len(self.w.registry) or self.last_success is None:
-            # nothing held, nothing to lose: a job claimed from now on has a lease of its own from now
-            self.last_success = tick_start
-        deadline = self.lease_deadline()
-        if deadline <= tick_start and self.consecutive_failures == 0:
-            # the process was frozen past the deadline (SIGSTOP, a VM pause): ask the database whether the
-            # rows are still ours instead of assuming; one interval to answer
-            deadline = tick_start + self.w.settings.heartbeat_interval
+        self.last_success, deadline = tick_window(
+            tick_start, self.last_success, holding=bool(len(self._registry)),
+            consecutive_failures=self.consecutive_failures, lock_timeout=self._lock_timeout,
+            heartbeat_interval=self._interval,
+        )
         return tick_start, deadline
 
     def _failed(self, exc: BaseException, tick_start: float) -> None:
@@ -106,9 +137,8 @@ class Heartbeat:
         reason = "no answer before the lease deadline" if isinstance(exc, TimeoutError) else str(exc)
         log.warning("heartbeat failed (%d in a row, %.1fs since the last renewal): %s",
                     self.consecutive_failures, silent_for, reason)
-        if silent_for >= self.w.settings.lock_timeout and len(self.w.registry):
-            self.w.lose_leases(f"no lease renewal for {silent_for:.1f}s (lock_timeout "
-                               f"{self.w.settings.lock_timeout:g}s)")
+        if must_self_fence(silent_for, lock_timeout=self._lock_timeout, holding=bool(len(self._registry))):
+            self._on_leases_lost(f"no lease renewal for {silent_for:.1f}s (lock_timeout {self._lock_timeout:g}s)")
 
     async def _tick(self, tick_start: float, deadline: float) -> None:
         started = time.perf_counter()
@@ -116,11 +146,11 @@ class Heartbeat:
             # a tick still waiting on the database when the leases run out is abandoned: from then on
             # another worker's sweeper may own the rows, and our actors must stop
             async with asyncio.timeout_at(deadline):
-                async with self.w.backend.transaction() as conn:
-                    read = await self.w.store.heartbeat(conn, self.w.settings.lock_timeout)
+                async with self._backend.transaction() as conn:
+                    read = await self._store.heartbeat(conn, self._lock_timeout)
                     lost, cancels = (read.lost, read.cancels) if read.worker_row else await self._reconcile(conn)
-                    await self.w.controller.run_in_tx(conn, cancels)
-            await self.w.controller.run_post_tx()
+                    await self._in_tx(conn, cancels)
+            await self._post_tx()
         except Exception as exc:
             if asyncio.current_task() not in self._stuck_ticks:  # an abandoned tick was counted already
                 self._failed(exc, tick_start)
@@ -131,17 +161,17 @@ class Heartbeat:
             self.tick_durations.append(duration)
             if len(self.tick_durations) > 10_000:
                 del self.tick_durations[:5_000]
-        if self.w.leases_lost:  # an abandoned tick that got through after all: too late to matter
+        if self._state.leases_lost:  # an abandoned tick that got through after all: too late to matter
             return
         self.ticks += 1
-        JOBS_IN_FLIGHT.set(len(self.w.registry))
+        JOBS_IN_FLIGHT.set(len(self._registry))
         self.last_success = max(tick_start, self.last_success or tick_start)
         if self.consecutive_failures:
             log.info("heartbeat recovered after %d failures", self.consecutive_failures)
         self.consecutive_failures = 0
         heartbeat_failures(0)
         for job_id, epoch in lost:
-            entry = self.w.registry.get(job_id)
+            entry = self._registry.get(job_id)
             if entry is not None and entry.claim_epoch == epoch and not entry.finishing:
                 # reclaimed by a sweeper or the supervisor, or rewritten by hand: stop locally, never write
                 log.warning("job %s attempt %d: lease lost (row no longer held by this attempt); stopping it",
@@ -156,9 +186,8 @@ class Heartbeat:
         the cancel flags of the others."""
         log.warning("this worker's row was removed (considered dead by a sweeper); registering again and "
                     "checking every held job")
-        s = self.w.settings
-        await self.w.store.register(s.queues, self.w.concurrency, s.lock_timeout, conn)
-        held = self.w.registry.held()
-        still = await self.w.store.reconcile(conn, held, s.lock_timeout)  # fenced on the epoch we hold
+        await self._store.register(self._queues, self._concurrency, self._lock_timeout, conn)
+        held = self._registry.held()
+        still = await self._store.reconcile(conn, held, self._lock_timeout)  # fenced on the epoch we hold
         cancels = {job_id: row for job_id, row in still.items() if row.cancel_phase > 0}
         return [(job_id, epoch) for job_id, epoch in held if job_id not in still], cancels

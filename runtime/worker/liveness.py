@@ -10,10 +10,12 @@ import asyncio
 import json
 import os
 import signal
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from taskq.worker.main import Worker
+    from taskq.worker.registry import ActiveJobRegistry
+    from taskq.worker.state import WorkerState
 
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 """What a supervisor's worker child keeps blocked from the fork (taskq.supervisor.spawn.child_hygiene) until
@@ -26,33 +28,48 @@ REPORT_INTERVAL = 0.5
 
 
 class LivenessReporter:
-    def __init__(self, worker: Worker, fd: int) -> None:
-        self.w = worker
+    """`ready()` says whether the worker is up (LISTEN connected, or a heartbeat went through); a report
+    while the worker drains says `draining`. `on_orphaned()` when the supervisor died (the worker stops)."""
+
+    def __init__(self, fd: int, *, worker_id: str, queues: Sequence[str], worker_timeout: float,
+                 registry: ActiveJobRegistry, state: WorkerState, ready: Callable[[], bool],
+                 on_orphaned: Callable[[], None]) -> None:
         self.fd = fd
+        self._worker_id = worker_id
+        self._queues = queues
+        self._worker_timeout = worker_timeout
+        self._registry = registry
+        self._state = state
+        self._ready = ready
+        self._on_orphaned = on_orphaned
         self.parent = os.getppid()
         os.set_blocking(fd, False)
 
     @classmethod
-    def from_env(cls, worker: Worker) -> LivenessReporter | None:
+    def from_env(cls, *, worker_id: str, queues: Sequence[str], worker_timeout: float,
+                 registry: ActiveJobRegistry, state: WorkerState, ready: Callable[[], bool],
+                 on_orphaned: Callable[[], None]) -> LivenessReporter | None:
         raw = os.environ.get(ENV_FD)
         if not raw:
             return None
         try:
-            return cls(worker, int(raw))
+            return cls(int(raw), worker_id=worker_id, queues=queues, worker_timeout=worker_timeout,
+                       registry=registry, state=state, ready=ready, on_orphaned=on_orphaned)
         except (ValueError, OSError):
             return None
 
     def state(self) -> str:
-        if self.w.draining:
+        if self._state.draining:
             return "draining"
-        # ready once LISTEN is up, or once a heartbeat went through (no LISTEN behind a pooler)
-        ready = self.w.listener.connected.is_set() or self.w.heartbeat.ticks > 0
-        return "ready" if ready else "starting"
+        return "ready" if self._ready() else "starting"
+
+    def stop(self) -> None:
+        """Nothing to stop: the reports say `draining` until the exit."""
 
     def report(self) -> None:
         line = json.dumps({
-            "pid": os.getpid(), "worker_id": self.w.worker_id, "state": self.state(),
-            "in_flight": len(self.w.registry), "queues": self.w.settings.queues,
+            "pid": os.getpid(), "worker_id": self._worker_id, "state": self.state(),
+            "in_flight": len(self._registry), "queues": self._queues,
         }) + "\n"
         try:
             os.write(self.fd, line.encode())
@@ -62,9 +79,9 @@ class LivenessReporter:
             pass  # the supervisor is gone; the parent-death check stops us
 
     async def run(self) -> None:
-        interval = min(REPORT_INTERVAL, self.w.settings.worker_timeout / 4)
+        interval = min(REPORT_INTERVAL, self._worker_timeout / 4)
         while True:
             self.report()
             if os.getppid() != self.parent:  # our supervisor died and we were re-parented
-                self.w.request_shutdown()
+                self._on_orphaned()
             await asyncio.sleep(interval)

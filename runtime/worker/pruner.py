@@ -46,6 +46,10 @@ class Pruner:
             except Exception as exc:
                 log.warning("prune failed: %s", exc)
 
+    def stop(self) -> None:
+        """A prune in progress ends after its current batch; no new one starts."""
+        self.stopping.set()
+
     async def prune_once(self) -> PruneResult:
         result = await prune(self.store.backend, keep_windows(self.settings), stop=self.stopping)
         for cls in ("succeeded", "failed", "attempts", "receipts", "audit", "events"):

@@ -13,7 +13,7 @@ import logging
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from taskq.worker.main import Worker
+    from taskq.backend.workers import WorkerStore
 
 log = logging.getLogger("taskq.resolver")
 
@@ -26,15 +26,17 @@ settled side by side (the database does the work; one step alone leaves a core i
 
 
 class Resolver:
-    def __init__(self, worker: Worker) -> None:
-        self.w = worker
+    """`interval`: seconds between polls. The NOTIFY wakes it at once; the poll only catches a backlog left
+    by a crash, so the worker makes it as slow as the sweeper's unless no LISTEN connection is there to
+    wake it."""
+
+    def __init__(self, store: WorkerStore, *, interval: float) -> None:
+        self._store = store
+        self._interval = interval
         self.wake = asyncio.Event()
 
     async def run(self) -> None:
-        s = self.w.settings
-        # the NOTIFY wakes it at once; the poll only catches a backlog left by a crash, so it is as slow as
-        # the sweeper's unless no LISTEN connection is there to wake it
-        interval = s.sweep_interval if s.listens() else s.poll_interval
+        interval = self._interval
         while True:
             self.wake.clear()
             try:
@@ -46,9 +48,12 @@ class Resolver:
             except TimeoutError:
                 pass
 
+    def stop(self) -> None:
+        """Nothing to stop: the backlog is settled until the exit."""
+
     async def resolve_once(self) -> int:
         """Steps until the backlog is empty (or held by other resolvers); returns the steps that took rows."""
-        if not await self.w.store.settle_backlog(slices=SLICES_PER_STEP):
+        if not await self._store.settle_backlog(slices=SLICES_PER_STEP):
             return 0  # the usual case: one short statement on one connection
         steps = 1 + sum(await asyncio.gather(*(self._steps() for _ in range(STEPS_AT_ONCE))))
         if steps:
@@ -57,6 +62,6 @@ class Resolver:
 
     async def _steps(self) -> int:
         steps = 0
-        while await self.w.store.settle_backlog(slices=SLICES_PER_STEP):
+        while await self._store.settle_backlog(slices=SLICES_PER_STEP):
             steps += 1
         return steps

@@ -73,6 +73,9 @@ class Scheduler:
                 log.warning("schedule tick failed (%d in a row, next try in %.1fs): %s", failures, delay, exc)
             await asyncio.sleep(delay)
 
+    def stop(self) -> None:
+        """Nothing to stop: due slots are fired until the exit (each fire is one transaction)."""
+
     async def sync(self) -> None:
         """Upsert the code declarations (at worker start, before the services run)."""
         outcome = await self.store.sync(self.schedules, self.owner)

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 from taskq.metrics import JOBS_SWEPT
 
 if TYPE_CHECKING:
-    from taskq.worker.main import Worker
+    from taskq.backend.workers import WorkerStore
+    from taskq.worker.registry import ActiveJobRegistry
 
 log = logging.getLogger("taskq.sweeper")
 
@@ -20,11 +21,18 @@ SWEEP_BATCH = 500
 
 
 class Sweeper:
-    def __init__(self, worker: Worker) -> None:
-        self.w = worker
+    """Sweeps every `sweep_interval` seconds (jittered); a workers row silent for `dead_after` seconds is
+    cleaned. The rows this worker holds (`registry`) are never swept as lost."""
+
+    def __init__(self, store: WorkerStore, registry: ActiveJobRegistry, *, sweep_interval: float,
+                 dead_after: float) -> None:
+        self._store = store
+        self._registry = registry
+        self._sweep_interval = sweep_interval
+        self._dead_after = dead_after
 
     async def run(self) -> None:
-        interval = self.w.settings.sweep_interval
+        interval = self._sweep_interval
         while True:
             await asyncio.sleep(interval * random.uniform(0.9, 1.1))
             try:
@@ -32,21 +40,23 @@ class Sweeper:
             except Exception as exc:
                 log.warning("sweep failed: %s", exc)
 
+    def stop(self) -> None:
+        """Nothing to stop: a sweep during the stop reclaims rows as well as any other."""
+
     async def sweep_once(self) -> dict[str, int]:
         total: dict[str, int] = {}
         while True:
-            counts = await self.w.store.sweep_expired([e.id for e in self.w.registry], limit=SWEEP_BATCH)
+            counts = await self._store.sweep_expired([e.id for e in self._registry], limit=SWEEP_BATCH)
             for verdict, n in counts.items():
                 total[verdict] = total.get(verdict, 0) + n
                 JOBS_SWEPT.labels(verdict=verdict).inc(n)
             if sum(counts.values()) < SWEEP_BATCH:
                 break
-        late = await self.w.store.sweep_deadlines(limit=SWEEP_BATCH)
+        late = await self._store.sweep_deadlines(limit=SWEEP_BATCH)
         if late:
             total["deadline"] = late
             JOBS_SWEPT.labels(verdict="deadline").inc(late)
         if total:
             log.info("sweeper reclaimed %s", total)
-        s = self.w.settings
-        await self.w.store.clean_dead_workers(max(2 * s.lock_timeout, 10 * s.heartbeat_interval, 60.0))
+        await self._store.clean_dead_workers(self._dead_after)
         return total

@@ -215,7 +215,7 @@ async def test_failed_escalation_write_never_cancels_the_task(client: JobsClient
         handle = await client.enqueue(stubborn2, 1)
         await asyncio.wait_for(started.wait(), 10)
         await client.cancel(handle.job_id)
-        await wait_for(lambda: worker.heartbeat.consecutive_failures >= 3, timeout=10)
+        await wait_for(lambda: worker.parts.heartbeat.consecutive_failures >= 3, timeout=10)
         assert not interrupted.is_set()
         entry = worker.registry.get(handle.job_id)
         assert entry is not None and entry.cancel_phase == CancelPhase.COOPERATIVE
@@ -271,7 +271,7 @@ async def test_cancel_racing_a_crash_reclaim_ends_cancelled_exactly_once(client:
             h.job_id,
         )
     async with running_worker(client.backend.dsn, ActorRegistry(), queues=["elsewhere"]) as worker:
-        await asyncio.gather(worker.sweeper.sweep_once(), *(client.cancel(h.job_id) for h in handles))
+        await asyncio.gather(worker.parts.sweeper.sweep_once(), *(client.cancel(h.job_id) for h in handles))
     for h in handles:
         row = await h.refresh()
         assert row.status is JobStatus.CANCELLED and row.cancel_requested_at is not None
@@ -318,7 +318,7 @@ async def test_cancel_reaches_the_actor_within_100_ms_over_notify(client: JobsCl
         raise asyncio.CancelledError
 
     async with running_worker(client.backend.dsn, reg, **QUIET_HEARTBEAT) as worker:
-        await asyncio.wait_for(worker.listener.connected.wait(), 10)
+        await asyncio.wait_for(worker.parts.listener.connected.wait(), 10)
         handle = await client.enqueue(listener, 1)
         await asyncio.wait_for(started.wait(), 10)
         sent = asyncio.get_running_loop().time()
@@ -343,7 +343,7 @@ async def test_heartbeat_poll_delivers_the_cancel_when_listen_is_down(client: Jo
     ) as worker:
         handle = await client.enqueue(deaf, 1)
         await asyncio.wait_for(started.wait(), 10)
-        assert not worker.listener.connected.is_set()
+        assert not worker.parts.listener.connected.is_set()
         await client.cancel(handle.job_id)
         with pytest.raises(JobFailed) as failed:
             await handle.wait(timeout=10)
@@ -367,8 +367,8 @@ async def test_late_notification_for_an_older_attempt_never_touches_the_current_
         await asyncio.wait_for(started.wait(), 10)
         entry = worker.registry.get(handle.job_id)
         assert entry is not None
-        worker.controller.on_notification(handle.job_id, entry.attempt - 1, entry.claim_epoch - 1)
-        worker.controller.on_notification(handle.job_id, entry.attempt, entry.claim_epoch + 1)
+        worker.parts.controller.on_notification(handle.job_id, entry.attempt - 1, entry.claim_epoch - 1)
+        worker.parts.controller.on_notification(handle.job_id, entry.attempt, entry.claim_epoch + 1)
         assert entry.cancel_phase == CancelPhase.NONE and entry.ctx is not None
         assert not entry.ctx.cancellation_requested
 

@@ -108,10 +108,10 @@ async def test_a_finished_job_does_not_send_an_idle_worker_claiming_an_empty_que
     async with running_worker(dsn, reg, poll_interval=30.0) as worker:
         # the listener's first connect wakes the dispatcher once (for jobs enqueued while it was away):
         # let that claim happen, then let a warm-up job's NOTIFY land, before counting
-        await wait_for(worker.listener.connected.is_set)
+        await wait_for(worker.parts.listener.connected.is_set)
         await (await client.enqueue(one, -1)).wait(timeout=10)
         empty_claims = 0
-        claim = worker.store.claim
+        claim = worker.parts.store.claim
 
         async def counted(*args: Any, **kwargs: Any) -> Any:
             nonlocal empty_claims
@@ -119,7 +119,7 @@ async def test_a_finished_job_does_not_send_an_idle_worker_claiming_an_empty_que
             empty_claims += not jobs
             return jobs
 
-        worker.store.claim = counted  # type: ignore[method-assign]
+        worker.parts.store.claim = counted  # type: ignore[method-assign]
         for i in range(10):
             await (await client.enqueue(one, i)).wait(timeout=10)
         # a freed slot that woke the idle dispatcher would cost one empty claim per job (10 here); what

@@ -84,13 +84,13 @@ async def test_a_slot_frees_when_its_actor_returns_while_the_outcome_is_still_be
             # the worker's finish statement for the first job waits on this lock
             await blocker.execute("SELECT 1 FROM taskq.jobs WHERE id = %s FOR UPDATE", (first.job_id,))
             release_first.set()
-            await wait_for(lambda: worker.completer.outstanding == 1)
+            await wait_for(lambda: worker.parts.completer.outstanding == 1)
             second = await client.enqueue(step, 2)
             await wait_for(lambda: started == [1, 2])
             # the second outcome queues behind the first: two unwritten outcomes, no free slot left
-            await wait_for(lambda: worker.completer.outstanding == 2)
+            await wait_for(lambda: worker.parts.completer.outstanding == 2)
             third = await client.enqueue(step, 3)
-            assert worker.dispatcher.free_slots() == 0
+            assert worker.parts.dispatcher.free_slots() == 0
             assert status_of(dsn, first.job_id) == "running"
             assert status_of(dsn, third.job_id) == "pending"
             assert started == [1, 2]

@@ -264,7 +264,7 @@ async def test_a_worker_with_no_polling_runs_every_job_of_bursts_from_concurrent
     try:
         # polling every 60 s: a job whose NOTIFY were lost would not run before the test times out
         async with running_worker(dsn, reg, poll_interval=60.0, concurrency=4) as worker:
-            await wait_for(worker.listener.connected.is_set)
+            await wait_for(worker.parts.listener.connected.is_set)
             handles = [h for hs in await asyncio.gather(*(produce(c, 100 * k) for k, c in enumerate(clients)))
                        for h in hs]
             for handle in handles:
@@ -334,8 +334,8 @@ async def test_a_worker_taking_a_busy_queues_jobs_keeps_claiming_without_a_notif
         return payload
 
     async with running_worker(dsn, reg, poll_interval=60.0, concurrency=4) as worker:
-        await wait_for(worker.listener.connected.is_set)
-        worker.dispatcher.busy_poll = 0.5  # the next job goes in well within it, however loaded the machine
+        await wait_for(worker.parts.listener.connected.is_set)
+        worker.parts.dispatcher.busy_poll = 0.5  # the next job goes in well within it, however loaded the machine
         # a quiet queue: the insert notifies, and the worker's claim finds both jobs
         for first in await client.enqueue_many(busy, [-1, 0]):
             assert (await first.wait(timeout=10)).status == "succeeded"

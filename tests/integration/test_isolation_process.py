@@ -218,7 +218,7 @@ async def test_shutdown_interrupts_a_process_actor_and_releases_its_job(
         await started_pid(client, handle.job_id)
     row = await handle.refresh()
     assert row.status is JobStatus.PENDING and row.interrupt_count == 1 and row.cancel_requested_at is None
-    assert worker.summary["released"] == [str(handle.job_id)]
+    assert worker.state.summary["released"] == [str(handle.job_id)]
     assert cleanup.read_text() == "finally ran"  # SIGTERM at the shutdown's force step unwound the actor
 
 

@@ -37,9 +37,9 @@ async def test_thread_actor_result_is_stored_while_the_heartbeat_keeps_ticking(
 
     @actor(name="burn", registry=reg)
     def burn(payload: float, ctx: JobContext[float]) -> dict[str, Any]:
-        ticks["start"] = holder["worker"].heartbeat.ticks
+        ticks["start"] = holder["worker"].parts.heartbeat.ticks
         found = spin_until(time.monotonic() + payload)  # pure Python, holding the GIL but for switches
-        ticks["end"] = holder["worker"].heartbeat.ticks
+        ticks["end"] = holder["worker"].parts.heartbeat.ticks
         return {"primes": found, "thread": threading.current_thread().name}
 
     async with running_worker(dsn, reg) as worker:
@@ -190,13 +190,13 @@ async def test_thread_blocked_outside_bytecode_is_abandoned_leaked_and_the_worke
             assert REGISTRY.get_sample_value("taskq_leaked_threads") == 1
             # the worker stops by itself (nobody asked it to) with the documented exit code
             await wait_for(lambda: worker.draining, timeout=10)
-            assert worker.exit_code == exitcodes.LEAKED_THREADS
-            await wait_for(lambda: worker.summary["released"], timeout=10)
+            assert worker.state.exit_code == exitcodes.LEAKED_THREADS
+            await wait_for(lambda: worker.state.summary["released"], timeout=10)
         row = failed.value.row
         assert row.status is JobStatus.ABANDONED and row.error_class == "CancelAbandoned"
         released = await other.refresh()
         assert released.status is JobStatus.PENDING and released.interrupt_count == 1
-        assert worker.summary["released"] == [str(other.job_id)]
+        assert worker.state.summary["released"] == [str(other.job_id)]
     finally:
         release.set()
         executor = thread_executor(worker, reg, "blocked")
@@ -257,7 +257,7 @@ async def test_shutdown_interrupts_a_thread_actor_and_releases_its_job(dsn: str,
     row = await handle.refresh()
     assert row.status is JobStatus.PENDING and row.interrupt_count == 1 and row.cancel_requested_at is None
     assert row.progress == {"data": {"cursor": 7}, "message": "started"}
-    assert events == ["finally"] and worker.summary["released"] == [str(handle.job_id)]
+    assert events == ["finally"] and worker.state.summary["released"] == [str(handle.job_id)]
 
 
 def test_injecting_into_a_thread_that_does_not_exist_reports_it() -> None:

@@ -75,7 +75,7 @@ async def test_a_worker_through_pgbouncer_runs_jobs_and_knows_its_own_writes(dsn
             handles = await client.enqueue_many(square, list(range(200)))
             for i, handle in enumerate(handles):
                 assert (await handle.wait(timeout=30)).result == i * i
-            assert not worker.listener.connected.is_set()  # no LISTEN through the pooler
+            assert not worker.parts.listener.connected.is_set()  # no LISTEN through the pooler
     # the finishes were the worker's own writes: the lease-loss trigger read its name through the pooler
     assert query(dsn, "SELECT count(*) FROM public.losses_seen") == [(0,)]
     workers = query(dsn, "SELECT DISTINCT worker_id FROM taskq.job_attempts")
@@ -116,6 +116,6 @@ async def test_a_worker_through_pgbouncer_listens_on_its_listen_dsn(dsn: str, po
         # a long poll: a job that starts at once was woken by the NOTIFY on the direct LISTEN connection
         async with running_worker(pooled_dsn, reg, transaction_pooler=True, listen_dsn=dsn,
                                   poll_interval=30.0) as worker:
-            await wait_for(worker.listener.connected.is_set)
+            await wait_for(worker.parts.listener.connected.is_set)
             handle = await client.enqueue(echo, 7)
             assert (await handle.wait(timeout=10)).result == 7

@@ -353,7 +353,7 @@ async def test_a_changed_expression_moves_the_next_slot_and_a_schedule_gone_from
     nightly = {"cron": "0 3 * * *", "timezone": "Europe/Berlin", "payload": {"kind": "nightly"}}
     first, _ = app(("hourly", hourly), ("nightly", nightly))
     async with running_worker(dsn, first, **FAST) as worker:
-        await asyncio.wait_for(worker.scheduler.synced.wait(), 10)
+        await asyncio.wait_for(worker.parts.scheduler.synced.wait(), 10)
     before = await schedule_row(dsn, "hourly")
     assert before["owner"] == "reports-app" and before["next_run_at"].minute == 0
 
@@ -361,7 +361,7 @@ async def test_a_changed_expression_moves_the_next_slot_and_a_schedule_gone_from
     second, _ = app(("hourly", {"cron": "30 * * * *", "payload": {"kind": "half past"}}))
     with caplog.at_level(logging.INFO, logger="taskq.scheduler"):
         async with running_worker(dsn, second, **FAST) as worker:
-            await asyncio.wait_for(worker.scheduler.synced.wait(), 10)
+            await asyncio.wait_for(worker.parts.scheduler.synced.wait(), 10)
     moved = await schedule_row(dsn, "hourly")
     assert moved["cron"] == "30 * * * *" and moved["payload"] == {"kind": "half past"}
     assert moved["next_run_at"].minute == 30 and moved["next_run_at"] != before["next_run_at"]
@@ -372,7 +372,7 @@ async def test_a_changed_expression_moves_the_next_slot_and_a_schedule_gone_from
 
     third, _ = app(("hourly", {"cron": "30 * * * *", "payload": {"kind": "again"}}), ("nightly", nightly))
     async with running_worker(dsn, third, **FAST) as worker:
-        await asyncio.wait_for(worker.scheduler.synced.wait(), 10)
+        await asyncio.wait_for(worker.parts.scheduler.synced.wait(), 10)
     kept = await schedule_row(dsn, "hourly")
     assert kept["next_run_at"] == moved["next_run_at"] and kept["payload"] == {"kind": "again"}
     back = await schedule_row(dsn, "nightly")
@@ -382,8 +382,8 @@ async def test_a_changed_expression_moves_the_next_slot_and_a_schedule_gone_from
 async def test_another_applications_worker_leaves_its_schedules_alone(dsn: str) -> None:
     mine, _ = app(("hourly", {"cron": "0 * * * *", "payload": {"kind": "hourly"}}))
     async with running_worker(dsn, mine, **FAST) as worker:
-        await asyncio.wait_for(worker.scheduler.synced.wait(), 10)
+        await asyncio.wait_for(worker.parts.scheduler.synced.wait(), 10)
     other = ActorRegistry(owner="billing-app")
     async with running_worker(dsn, other, **FAST) as worker:
-        await asyncio.wait_for(worker.scheduler.synced.wait(), 10)
+        await asyncio.wait_for(worker.parts.scheduler.synced.wait(), 10)
     assert (await schedule_row(dsn, "hourly"))["enabled"] is True

@@ -275,7 +275,7 @@ async def test_worker_role_runs_schedules_and_client_role_manages_them(roles: Ro
             assert (await (await client.get(made.job_id)).wait(timeout=10)).result == {"length": 4}  # type: ignore[union-attr]
             assert (await client.resume_schedule("sec-every-second")).changed
             assert [s.name for s in await client.list_schedules()] == ["sec-every-second"]
-            assert worker.scheduler.synced.is_set()
+            assert worker.parts.scheduler.synced.is_set()
     assert query(dsn, "SELECT enabled, paused_at FROM taskq.schedules")[0] == (True, None)
 
 
@@ -324,7 +324,7 @@ async def test_worker_role_claims_finishes_retries_sweeps_and_releases(roles: Ro
             held = await client.enqueue(wait_for_cancel, Msg(text="held"))
             await wait_for(lambda: _is(client, held.job_id, JobStatus.RUNNING), timeout=10)
             # every heartbeat got through (it renews the lease and reads its lease losses)
-            assert worker.heartbeat.ticks >= 2 and worker.heartbeat.consecutive_failures == 0
+            assert worker.parts.heartbeat.ticks >= 2 and worker.parts.heartbeat.consecutive_failures == 0
         assert await status_of(client, held.job_id) is JobStatus.PENDING
         assert [a.outcome for a in await client.attempts(held.job_id)] == ["interrupted"]
     assert query(dsn, "SELECT count(*) FROM taskq.workers")[0][0] == 0  # deregistered on the way out

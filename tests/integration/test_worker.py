@@ -335,7 +335,7 @@ async def test_sweeper_reclaims_expired_leases_with_the_right_verdicts(dsn: str,
     )
     reg = ActorRegistry()
     async with running_worker(dsn, reg, queues=["elsewhere"]) as worker:
-        swept = await worker.sweeper.sweep_once()
+        swept = await worker.parts.sweeper.sweep_once()
     assert swept == {"scheduled": 1, "crashed": 1, "cancelled": 1}
     r1, r2, r3 = [await h.refresh() for h in (retry, last, with_cancel)]
     assert r1.status is JobStatus.SCHEDULED and r1.attempt == 1 and r1.worker_id is None
@@ -366,5 +366,5 @@ async def test_shutdown_releases_a_running_job_without_refunding_the_attempt(
     row = await handle.refresh()
     assert row.status is JobStatus.PENDING and row.attempt == 1 and row.interrupt_count == 1
     assert row.worker_id is None and row.cancel_requested_at is None
-    assert worker.summary["released"] == [str(handle.job_id)]
+    assert worker.state.summary["released"] == [str(handle.job_id)]
     assert [a.outcome for a in await client.attempts(handle.job_id)] == ["interrupted"]

@@ -55,7 +55,7 @@ async def test_a_job_outlives_its_own_lock_while_its_worker_heartbeats(dsn: str,
     async with running_worker(dsn, reg) as worker, running_worker(dsn, ActorRegistry(), queues=["elsewhere"]):
         handle = await client.enqueue("lease.sleeper", 1025)
         row = await handle.wait(timeout=15)
-        assert worker.heartbeat.ticks > 10
+        assert worker.parts.heartbeat.ticks > 10
     assert row.status is JobStatus.SUCCEEDED and row.attempt == 1 and row.result == 1025
     assert [e.to_status for e in await client.events(handle.job_id)] == ["running", "succeeded"]
     assert losses(dsn) == 0
@@ -77,13 +77,13 @@ async def test_a_late_worker_learns_which_rows_a_sweeper_took(dsn: str, client: 
         kept = handles[2].job_id
         with psycopg.connect(dsn) as locker:
             locker.execute("SELECT 1 FROM taskq.jobs WHERE id = %s FOR UPDATE", (kept,))
-            swept = await other.sweeper.sweep_once()
+            swept = await other.parts.sweeper.sweep_once()
         assert swept == {"scheduled": 2}
         assert losses(dsn) == 2
         for h in handles[:2]:  # (the retry is due in a second: look before this worker claims it again)
             row = await h.refresh()
             assert row.status is JobStatus.SCHEDULED and row.attempt == 1 and row.worker_id is None
-        await late.heartbeat.tick()
+        await late.parts.heartbeat.tick()
         await wait_for(lambda: all(p in stopped for p in (1, 2)))
         assert 3 not in stopped and len(late.registry) == 1 and kept in late.registry
         assert losses(dsn) == 0
@@ -103,7 +103,7 @@ async def test_a_worker_whose_row_was_removed_checks_every_held_job(dsn: str, cl
                    "WHERE id = %s", stolen.job_id)
         query(dsn, "DELETE FROM taskq.workers WHERE id = %s", worker.worker_id)
         query(dsn, "DELETE FROM taskq.lease_losses")
-        await worker.heartbeat.tick()
+        await worker.parts.heartbeat.tick()
         await wait_for(lambda: 1 in stopped)
         assert query(dsn, "SELECT count(*) FROM taskq.workers WHERE id = %s", worker.worker_id)[0][0] == 1
         row = await kept.wait(timeout=10)
@@ -145,8 +145,8 @@ async def test_a_sweeper_leaves_the_rows_its_own_worker_tracks_alone(dsn: str, c
         query(dsn, "UPDATE taskq.workers SET lease_expires_at = now() - interval '1 s' WHERE id = %s",
               worker.worker_id)
         query(dsn, "UPDATE taskq.jobs SET lock_expires_at = now() - interval '1 s' WHERE id = %s", handle.job_id)
-        assert await worker.sweeper.sweep_once() == {}
-        await worker.heartbeat.tick()
+        assert await worker.parts.sweeper.sweep_once() == {}
+        await worker.parts.heartbeat.tick()
         assert not stopped and handle.job_id in worker.registry
         assert (await handle.refresh()).status is JobStatus.RUNNING
 
