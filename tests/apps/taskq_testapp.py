@@ -86,7 +86,8 @@ class Checkpoint(BaseModel):
 
 @actor(name="test.checkpointing")
 async def checkpointing(payload: Checkpoint, ctx: JobContext[Checkpoint]) -> dict[str, int]:
-    """Resumes from its progress; on a shutdown it checkpoints and raises, as spec §4 recommends."""
+    """Resumes from its progress; on a shutdown it checkpoints and raises, as spec §4 recommends. Once its
+    first step is done it says so (progress "under way"), so a test can wait for progress to exist."""
     from taskq import CancelOrigin
 
     start = int(ctx.last_progress["step"]) if ctx.last_progress else 0
@@ -94,6 +95,8 @@ async def checkpointing(payload: Checkpoint, ctx: JobContext[Checkpoint]) -> dic
         if ctx.cancellation_requested and ctx.cancel_origin is CancelOrigin.SHUTDOWN:
             await ctx.progress({"step": step}, message="interrupted by shutdown")
             raise asyncio.CancelledError
+        if step == start + 1:
+            await ctx.progress({"step": step}, message="under way")
         await asyncio.sleep(0.02)
     return {"resumed_from": start}
 

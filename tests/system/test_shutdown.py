@@ -87,7 +87,8 @@ def test_actor_checkpointing_on_shutdown_leaves_its_progress_on_the_released_row
     w1_id = w1.worker_id()
     job_id = enqueue(dsn, "test.checkpointing", {"steps": 1000})
     wait_until(lambda: running_on(dsn, job_id, w1_id))
-    time.sleep(0.2)  # let it make some progress; any amount > 0 steps works
+    # it has made some progress (any amount > 0 steps works): its first step is done
+    wait_until(lambda: (row(dsn, job_id)["progress"] or {}).get("message") == "under way")
     w1.signal(signal.SIGTERM)
     assert w1.wait(10) == exitcodes.OK
     r = row(dsn, job_id)
