@@ -122,8 +122,10 @@ def _record_cancel(row: object) -> None:
 
 @actor(name="test.sleep_hooked", on_cancel=_record_cancel)
 async def sleep_hooked(payload: Sleep, ctx: JobContext[Sleep]) -> dict[str, float]:
-    await asyncio.sleep(payload.seconds)
-    return {"slept": payload.seconds}
+    """Attempt 1 sleeps `seconds` (a test can stop or cancel it then); later attempts return at once."""
+    seconds = payload.seconds if ctx.attempt == 1 else 0.0
+    await asyncio.sleep(seconds)
+    return {"slept": seconds}
 
 
 actors.extend([checkpointing, blocked_in_c, sleep_hooked, echo_fail])

@@ -46,7 +46,9 @@ def test_sigterm_mid_job_releases_it_and_another_worker_finishes_it_at_attempt_t
     hook_file = tmp_path / "hooks"
     w1 = spawn_worker(shutdown_timeout=5.0)
     w1_id = w1.worker_id()
-    job_id = enqueue(dsn, "test.sleep_hooked", {"seconds": 1.0})
+    # attempt 1 sleeps a minute, so it is still running when the SIGTERM comes, however long seeing it
+    # running takes; attempt 2 returns at once
+    job_id = enqueue(dsn, "test.sleep_hooked", {"seconds": 60.0})
     wait_until(lambda: running_on(dsn, job_id, w1_id))
     started = time.monotonic()
     w1.signal(signal.SIGTERM)
