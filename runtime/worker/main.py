@@ -483,4 +483,23 @@ def worker_main(settings: WorkerSettings, actors: ActorRegistry | Iterable[Actor
     import uvloop
 
     tune_gc_for_worker()
-    return uvloop.run(worker_main_async(settings, actors))
+    teardown: list[threading.Timer] = []
+
+    async def main() -> int:
+        code = await worker_main_async(settings, actors)
+        # The watchdog is disarmed now, and the loop's teardown (cancel every task left, wait for them all)
+        # has no bound: a psycopg_pool worker task connecting to a server that never answers (hung, or
+        # partitioned away) swallows that cancel and goes on with the next queued connection attempt, so a
+        # fenced worker could hang here for as long as the server does. The process exits with its code
+        # within EXIT_MARGIN of stopping, whatever is left.
+        timer = threading.Timer(EXIT_MARGIN, os._exit, (code,))
+        timer.daemon = True
+        timer.start()
+        teardown.append(timer)
+        return code
+
+    try:
+        return uvloop.run(main())
+    finally:
+        for timer in teardown:
+            timer.cancel()

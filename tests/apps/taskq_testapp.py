@@ -86,7 +86,8 @@ class Checkpoint(BaseModel):
 
 @actor(name="test.checkpointing")
 async def checkpointing(payload: Checkpoint, ctx: JobContext[Checkpoint]) -> dict[str, int]:
-    """Resumes from its progress; on a shutdown it checkpoints and raises, as spec §4 recommends."""
+    """Resumes from its progress; on a shutdown it checkpoints and raises, as spec §4 recommends. Once its
+    first step is done it says so (progress "under way"), so a test can wait for progress to exist."""
     from taskq import CancelOrigin
 
     start = int(ctx.last_progress["step"]) if ctx.last_progress else 0
@@ -94,6 +95,8 @@ async def checkpointing(payload: Checkpoint, ctx: JobContext[Checkpoint]) -> dic
         if ctx.cancellation_requested and ctx.cancel_origin is CancelOrigin.SHUTDOWN:
             await ctx.progress({"step": step}, message="interrupted by shutdown")
             raise asyncio.CancelledError
+        if step == start + 1:
+            await ctx.progress({"step": step}, message="under way")
         await asyncio.sleep(0.02)
     return {"resumed_from": start}
 
@@ -119,8 +122,10 @@ def _record_cancel(row: object) -> None:
 
 @actor(name="test.sleep_hooked", on_cancel=_record_cancel)
 async def sleep_hooked(payload: Sleep, ctx: JobContext[Sleep]) -> dict[str, float]:
-    await asyncio.sleep(payload.seconds)
-    return {"slept": payload.seconds}
+    """Attempt 1 sleeps `seconds` (a test can stop or cancel it then); later attempts return at once."""
+    seconds = payload.seconds if ctx.attempt == 1 else 0.0
+    await asyncio.sleep(seconds)
+    return {"slept": seconds}
 
 
 actors.extend([checkpointing, blocked_in_c, sleep_hooked, echo_fail])

@@ -305,7 +305,7 @@ async def test_on_cancel_hook_is_bounded_by_its_timeout(client: JobsClient) -> N
             await handle.wait(timeout=1)
 
 
-async def test_cancel_reaches_the_actor_within_100_ms_over_notify(client: JobsClient) -> None:
+async def test_cancel_reaches_the_actor_over_notify_between_heartbeats(client: JobsClient) -> None:
     reg = ActorRegistry()
     started = asyncio.Event()
     seen_at: list[float] = []
@@ -317,14 +317,17 @@ async def test_cancel_reaches_the_actor_within_100_ms_over_notify(client: JobsCl
         seen_at.append(asyncio.get_running_loop().time())
         raise asyncio.CancelledError
 
-    async with running_worker(client.backend.dsn, reg, **QUIET_HEARTBEAT) as worker:
+    # heartbeats a minute apart: the cancel can only come over NOTIFY (broken, it never comes: the wait_for
+    # fails). Well under 100 ms on a quiet machine, it was seen at 154 ms under CPU load, so the bound is
+    # one no loaded machine reaches and the heartbeat path could never meet.
+    async with running_worker(client.backend.dsn, reg, heartbeat_interval=60.0, lock_timeout=120.0) as worker:
         await asyncio.wait_for(worker.parts.listener.connected.wait(), 10)
         handle = await client.enqueue(listener, 1)
         await asyncio.wait_for(started.wait(), 10)
         sent = asyncio.get_running_loop().time()
         await client.cancel(handle.job_id)
         await wait_for(lambda: seen_at, timeout=5, interval=0.005)
-    assert seen_at[0] - sent < 0.1
+    assert seen_at[0] - sent < 2.0
 
 
 async def test_heartbeat_poll_delivers_the_cancel_when_listen_is_down(client: JobsClient) -> None:

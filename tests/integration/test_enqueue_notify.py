@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from testkit import running_worker, wait_for
+from testkit import running_worker, wait_for, wait_until
 
 from taskq import JobsClient, SyncJobsClient
 from taskq.actors.declaration import ActorRegistry, actor
@@ -282,16 +282,20 @@ async def test_a_queue_kept_busy_sends_its_notifies_further_and_further_apart(
     dsn: str, client: JobsClient, notes: Notes
 ) -> None:
     """One process enqueueing without pause (every 50 ms, against a window of 0.5 s): each NOTIFY doubles the
-    window, up to max_window (2 s), so 1.75 s of jobs get 4 NOTIFYs (at 0, 0.5, 1.5 and 3.5 s), not one per
-    0.5 s. A NOTIFY can go late, never early: the gaps are lower bounds."""
+    window, up to max_window (2 s), so the jobs enqueued until the third NOTIFY has come, and one after it,
+    get 4 NOTIFYs (at 0, 0.5, 1.5 and 3.5 s), not one per 0.5 s. A NOTIFY can go late, never early: the gaps
+    are lower bounds. The producer stops on the third NOTIFY, not on the clock: a loaded machine that sent
+    the second and third late would otherwise have no job left to enqueue after the third."""
     client.backend.notifier.window = 0.5
     client.backend.notifier.pacing.max_window = 2.0
     start = time.monotonic()
     i = 0
-    while time.monotonic() - start < 1.75:
+    while len(notes.at) < 3:
+        assert time.monotonic() - start < 30, f"{len(notes.at)} NOTIFYs after 30 s of jobs"
         await client.enqueue("tests.notify.job", i)
         i += 1
         await asyncio.sleep(0.05)
+    await client.enqueue("tests.notify.job", i)  # its NOTIFY is the fourth, one widest window after the third
     await wait_for(lambda: len(notes.at) >= 4, timeout=10)
     await notes.mark(dsn, "after")
     assert notes.before("after") == 4, f"{notes.before('after')} NOTIFYs, {_gaps(notes.at)} apart"
@@ -300,17 +304,21 @@ async def test_a_queue_kept_busy_sends_its_notifies_further_and_further_apart(
 
 
 async def test_a_sync_clients_busy_queue_sends_its_notifies_further_and_further_apart(dsn: str, notes: Notes) -> None:
-    def busy() -> None:
+    def busy() -> None:  # as the async test above: jobs until the third NOTIFY, and one after it
         with SyncJobsClient.connect(dsn) as client:
             client.backend.notifier.window = 0.5
             client.backend.notifier.pacing.max_window = 2.0
             start = time.monotonic()
             i = 0
-            while time.monotonic() - start < 1.75:
+            while len(notes.at) < 3:
+                assert time.monotonic() - start < 30, f"{len(notes.at)} NOTIFYs after 30 s of jobs"
                 client.enqueue("tests.notify.job", i)
                 i += 1
                 time.sleep(0.05)
-            time.sleep(2.0)  # the trailing NOTIFY due at 3.5 s goes from the thread, before close()
+            client.enqueue("tests.notify.job", i)
+            # the trailing NOTIFY, due one widest window after the third, goes from the client's thread
+            # before close() (which would send it at once)
+            wait_until(lambda: len(notes.at) >= 4, timeout=10)
 
     await asyncio.to_thread(busy)
     await wait_for(lambda: len(notes.at) >= 4, timeout=10)

@@ -37,18 +37,21 @@ async def test_thread_actor_result_is_stored_while_the_heartbeat_keeps_ticking(
 
     @actor(name="burn", registry=reg)
     def burn(payload: float, ctx: JobContext[float]) -> dict[str, Any]:
-        ticks["start"] = holder["worker"].parts.heartbeat.ticks
-        found = spin_until(time.monotonic() + payload)  # pure Python, holding the GIL but for switches
-        ticks["end"] = holder["worker"].parts.heartbeat.ticks
+        heartbeat = holder["worker"].parts.heartbeat
+        ticks["start"] = heartbeat.ticks
+        # pure Python, holding the GIL but for switches, until the heartbeat has ticked 5 times (however
+        # slowly a loaded machine runs the loop) or `payload` seconds have gone by
+        found = spin_until(time.monotonic() + payload, stop=lambda: heartbeat.ticks - ticks["start"] >= 5)
+        ticks["end"] = heartbeat.ticks
         return {"primes": found, "thread": threading.current_thread().name}
 
     async with running_worker(dsn, reg) as worker:
         holder["worker"] = worker
-        handle = await client.enqueue(burn, 1.5)
-        row = await handle.wait(timeout=20)
+        handle = await client.enqueue(burn, 15.0)
+        row = await handle.wait(timeout=30)
     assert row.status is JobStatus.SUCCEEDED and row.result["primes"] > 100
     assert row.result["thread"] == f"taskq-actor-{handle.job_id}"
-    # heartbeat every 0.1 s: a loop blocked by the actor would not have ticked at all during 1.5 s
+    # heartbeat every 0.1 s: a loop blocked by the actor would not have ticked at all during 15 s
     assert ticks["end"] - ticks["start"] >= 5, ticks
 
 

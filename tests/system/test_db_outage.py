@@ -378,6 +378,10 @@ def test_an_idle_worker_rides_out_a_long_outage_and_works_again_within_seconds(
     seconds of the server rather than up to an outage's length later."""
     w = spawn_worker(heartbeat_interval=0.3, lock_timeout=1.0)
     w.worker_id()
+    # registered is not started: the worker's own start (actor limits, take-over, schedules) still goes
+    # on after its row is written, and a server stopped then fails the start itself (exit 1, seen under
+    # CPU load). Its LISTEN session exists once it has started and runs its services.
+    wait_until(lambda: listening_sessions(dsn) == 1)
     stopped_at = server.stop()
     while time.monotonic() - stopped_at < 16.0:
         assert w.proc.poll() is None, f"an idle worker exited during an outage:\n{w.log()}"

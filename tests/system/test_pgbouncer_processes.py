@@ -28,11 +28,12 @@ POOLED: dict[str, Any] = {"transaction_pooler": "true"}
 
 
 def test_a_killed_pooled_worker_job_is_reclaimed_by_another_pooled_workers_sweeper(
-    dsn: str, pooled_dsn: str, spawn_worker: Any
+    dsn: str, pooled_dsn: str, spawn_worker: Any, tmp_path: Path
 ) -> None:
     w1 = spawn_worker(dsn=pooled_dsn, **POOLED)
     w1_id = w1.worker_id()
-    job_id = enqueue(dsn, "test.sleep", {"seconds": 1.0})
+    # attempt 1 waits for a gate that never opens (still running when the kill comes); attempt 2 returns
+    job_id = enqueue(dsn, "test.gated", {"path": str(tmp_path / "never-opened")})
     # no LISTEN through the pooler: the worker finds the job by polling (poll_interval 0.2 s)
     wait_until(lambda: job(dsn, job_id)["worker_id"] == w1_id and job(dsn, job_id)["status"] == "running")
     w1.signal(signal.SIGKILL)

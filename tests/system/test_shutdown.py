@@ -46,7 +46,9 @@ def test_sigterm_mid_job_releases_it_and_another_worker_finishes_it_at_attempt_t
     hook_file = tmp_path / "hooks"
     w1 = spawn_worker(shutdown_timeout=5.0)
     w1_id = w1.worker_id()
-    job_id = enqueue(dsn, "test.sleep_hooked", {"seconds": 1.0})
+    # attempt 1 sleeps a minute, so it is still running when the SIGTERM comes, however long seeing it
+    # running takes; attempt 2 returns at once
+    job_id = enqueue(dsn, "test.sleep_hooked", {"seconds": 60.0})
     wait_until(lambda: running_on(dsn, job_id, w1_id))
     started = time.monotonic()
     w1.signal(signal.SIGTERM)
@@ -87,7 +89,8 @@ def test_actor_checkpointing_on_shutdown_leaves_its_progress_on_the_released_row
     w1_id = w1.worker_id()
     job_id = enqueue(dsn, "test.checkpointing", {"steps": 1000})
     wait_until(lambda: running_on(dsn, job_id, w1_id))
-    time.sleep(0.2)  # let it make some progress; any amount > 0 steps works
+    # it has made some progress (any amount > 0 steps works): its first step is done
+    wait_until(lambda: (row(dsn, job_id)["progress"] or {}).get("message") == "under way")
     w1.signal(signal.SIGTERM)
     assert w1.wait(10) == exitcodes.OK
     r = row(dsn, job_id)

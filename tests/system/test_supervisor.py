@@ -480,10 +480,17 @@ def test_sigttin_adds_a_worker_and_sigttou_removes_one(start_supervisor: Any) ->
 # -- metrics, health, proctitles -------------------------------------------------------------------
 
 
-def test_metrics_aggregate_every_worker_and_health_endpoints_answer(start_supervisor: Any, dsn: str) -> None:
+def test_metrics_aggregate_every_worker_and_health_endpoints_answer(
+    start_supervisor: Any, dsn: str, tmp_path: Path
+) -> None:
     sup = start_supervisor(concurrency=1)
     sup.notify.wait_for("READY")
-    ids = [enqueue(dsn, "test.sleep", {"seconds": 0.5}) for _ in range(2)]
+    # each job holds its worker's one slot until both run (a 0.5 s job could end, and its worker take the
+    # second, before a loaded machine let the other worker claim it)
+    gate = tmp_path / "gate"
+    ids = [enqueue(dsn, "test.gated", {"path": str(gate)}) for _ in range(2)]
+    wait_until(lambda: all(job(dsn, i)["status"] == "running" for i in ids))
+    gate.write_text("open")
     wait_until(lambda: all(job(dsn, i)["status"] == "succeeded" for i in ids))
     # one slot each: the two jobs ran on the two workers
     assert len({r[0] for r in query(dsn, "SELECT worker_id FROM taskq.job_attempts")}) == 2

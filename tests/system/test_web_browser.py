@@ -16,7 +16,7 @@ from uuid import UUID
 
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -98,6 +98,26 @@ def wait_css(driver: WebDriver, css: str, timeout: float = 20) -> Any:
     return WebDriverWait(driver, timeout).until(lambda d: d.find_elements(By.CSS_SELECTOR, css) or False)[0]
 
 
+def live_text(
+    driver: WebDriver, css: str, ready: Callable[[str], bool] = lambda text: True, timeout: float = 20
+) -> str:
+    """The text of an element of a page's live region, which the page's polling swaps out at any moment
+    (between finding the element and reading it, too): read again until it is read whole and `ready`.
+    After `timeout`, the last text read, for the caller's assertion to show."""
+    texts: list[str] = []
+
+    def read(d: WebDriver) -> bool:
+        texts.append(d.find_element(By.CSS_SELECTOR, css).text)
+        return ready(texts[-1])
+
+    try:
+        waiting(driver, timeout).until(read)
+    except TimeoutException:
+        if not texts:
+            raise
+    return texts[-1]
+
+
 def test_dashboard_in_a_real_browser(
     dsn: str, tmp_path: Path, spawn_worker: Any, browser: WebDriver, shots: Callable[[WebDriver, str], Path]
 ) -> None:
@@ -152,7 +172,7 @@ def test_dashboard_in_a_real_browser(
         # open one and cancel it; its timeline updates without a reload
         b.find_element(By.LINK_TEXT, str(target)).click()
         wait_css(b, "#cancel")
-        assert str(follower) in b.find_element(By.ID, "children").text
+        assert str(follower) in live_text(b, "#children")
         shots(b, "job")
         # the form is in the page's live region (polled every 0.5 s): find and act again if it was swapped
         waiting(b, 20).until(lambda d: type_into(d.find_element(By.ID, "cancel-reason"), "demo cancel"))
@@ -161,11 +181,12 @@ def test_dashboard_in_a_real_browser(
         b.execute_script("window.__same_page = 'yes';")
         waiting(b, 30).until(lambda d: d.find_element(By.ID, "status").text == "cancelled")
         assert b.execute_script("return window.__same_page;") == "yes", "the page reloaded"
-        timeline = b.find_element(By.ID, "timeline").text
+        timeline = live_text(b, "#timeline")
         assert "operator" in timeline and "cancel_requested" in timeline and "running → cancelled" in timeline
         shots(b, "job-cancelled")
         b.get(web.url + f"/jobs/{follower}")
-        parents = wait_css(b, "#parents").text
+        # the edge's resolution may be written after the cancel (a backlog the resolver settles): wait for it
+        parents = live_text(b, "#parents", lambda text: "resolved" in text)
         assert str(target) in parents and "resolved cancelled" in parents, parents
 
         # a cancel the actor ignores stays in phase 1 with its grace clock running
