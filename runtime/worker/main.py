@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import signal
 import threading
 from collections.abc import Coroutine, Iterable
@@ -31,6 +32,7 @@ from taskq.worker.cancel import CancelController
 from taskq.worker.completer import Completer
 from taskq.worker.consumer import Consumers
 from taskq.worker.decisions import (
+    EXIT_MARGIN,
     POOL_RECONNECT_TIMEOUT,
     db_in_doubt,
     phase_at_shutdown_force,
