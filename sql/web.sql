@@ -79,9 +79,30 @@ WITH a AS (
 SELECT count(*) FROM a;
 
 -- name: audit_for_job
+-- A job's audit rows, newest first, at most %(limit)s, before the id %(before)s (NULL: from the newest),
+-- from operator_audit_job_idx.
 SELECT id, at, principal, action, outcome, queue, job_id, schedule, reason, request_id, idempotency_key,
        expected_revision, revision, detail
-FROM taskq.operator_audit WHERE job_id = %(id)s ORDER BY id;
+FROM taskq.operator_audit
+WHERE job_id = %(id)s AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: job_events_page
+-- A job's timeline, newest first, at most %(limit)s, before the id %(before)s (NULL: from the newest),
+-- from job_events_job_idx.
+SELECT id, job_id, at, kind, from_status, to_status, attempt, worker_id, detail
+FROM taskq.job_events
+WHERE job_id = %(id)s AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: job_attempts_newest
+-- A job's newest %(limit)s attempts, newest first (job_attempts_pkey).
+SELECT job_id, attempt, claim_epoch, worker_id, started_at, finished_at, outcome, error_class, error_message
+FROM taskq.job_attempts WHERE job_id = %(id)s
+ORDER BY claim_epoch DESC
+LIMIT %(limit)s;
 
 -- ---- jobs ------------------------------------------------------------------------------------------
 
@@ -90,7 +111,8 @@ SELECT * FROM taskq.jobs WHERE id = %(id)s FOR UPDATE;
 
 -- name: job_page
 -- One page of jobs, newest first, after the keyset cursor (created_at, id) of the previous page.
--- `readable`: LIKE patterns of the queues the caller may read (NULL: all). The cursor is written as
+-- `readable`: LIKE patterns of the queues the caller may read (NULL: all); `allowed`: those of the queues
+-- it may act on, for a bulk action's selection (NULL: all, or not a bulk action). The cursor is written as
 -- created_at <= X AND (created_at < X OR id < Y) so that created_at <= X is an index condition.
 -- `uncancelled`: only rows without a cancel request (a bulk cancel's selection).
 SELECT * FROM taskq.jobs
@@ -102,6 +124,7 @@ WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(created_after)s::timestamptz IS NULL OR created_at > %(created_after)s::timestamptz)
   AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s::timestamptz)
   AND (%(readable)s::text[] IS NULL OR queue LIKE ANY(%(readable)s::text[]))
+  AND (%(allowed)s::text[] IS NULL OR queue LIKE ANY(%(allowed)s::text[]))
   AND (NOT %(uncancelled)s::boolean OR cancel_requested_at IS NULL)
   AND (%(after_at)s::timestamptz IS NULL
        OR (created_at <= %(after_at)s::timestamptz
@@ -172,12 +195,21 @@ SELECT queue, date_trunc('minute', finished_at) AS minute, status, count(*) AS n
 FROM f GROUP BY queue, minute, status ORDER BY queue, minute, status;
 
 -- name: workers_list
--- The registry (a small table) with the number of rows each worker holds (jobs_running_lease_idx).
+-- The registry (a small table) with the number of rows each worker holds in the queues the caller may
+-- read (`readable`, NULL: all), from jobs_running_lease_idx.
 SELECT w.id, w.host, w.pid, w.queues, w.concurrency, w.started_at, w.last_heartbeat_at, w.lease_expires_at,
        w.stopping, extract(epoch FROM now() - w.last_heartbeat_at)::float8 AS heartbeat_age,
-       (SELECT count(*) FROM taskq.jobs AS j WHERE j.worker_id = w.id AND j.status = 'running') AS held
+       (SELECT count(*) FROM taskq.jobs AS j WHERE j.worker_id = w.id AND j.status = 'running'
+          AND (%(readable)s::text[] IS NULL OR j.queue LIKE ANY(%(readable)s::text[]))) AS held
 FROM taskq.workers AS w
 ORDER BY w.id;
+
+-- name: queue_known
+-- Whether the database knows the queue, as queue_set_paused decides it: a taskq.queues row, or waiting
+-- or running jobs naming it (jobs_claim_idx, jobs_running_scope_idx).
+SELECT EXISTS (SELECT 1 FROM taskq.queues WHERE name = %(name)s)
+    OR EXISTS (SELECT 1 FROM taskq.jobs WHERE queue = %(name)s AND status IN ('pending', 'scheduled'))
+    OR EXISTS (SELECT 1 FROM taskq.jobs WHERE queue = %(name)s AND status = 'running') AS known;
 
 -- name: worker_held_jobs
 SELECT * FROM taskq.jobs WHERE worker_id = %(id)s AND status = 'running' ORDER BY started_at, id LIMIT %(limit)s;

@@ -71,6 +71,22 @@ def job_json(row: JobRow) -> dict[str, Any]:
     return row.model_dump(mode="json")
 
 
+def shown(who: Principal, row: JobRow) -> dict[str, Any]:
+    """The row as the caller may see it: whole with `jobs:read` on its queue, else only what a write
+    grant may learn of the job it acts on ({"id", "status", "revision"})."""
+    if who.may("jobs:read", row.queue):
+        return job_json(row)
+    return {"id": str(row.id), "status": str(row.status), "revision": row.revision}
+
+
+def refuse(who: Principal, action: str, row: JobRow) -> Problem:
+    """The refusal of `action` on a job: 404 when the caller may neither read nor act on it (its
+    existence stays hidden), else 403, naming the queue only when the caller may read it."""
+    if not who.may("jobs:read", row.queue) and not who.may(action, row.queue):
+        return not_found(f"job {row.id}")
+    return forbidden(action, row.queue if who.may("jobs:read", row.queue) else None)
+
+
 async def run_write(
     backend: Backend, caller: Caller, request_fingerprint: str, body: Callable[[Tx], Awaitable[Outcome]]
 ) -> Outcome:
@@ -100,8 +116,8 @@ async def _locked(tx: Tx, job_id: UUID) -> JobRow:
     return rows[0]
 
 
-def _conflict(detail: str, row: JobRow, **extra: Any) -> Outcome:
-    return Outcome(409, problem_body(409, "STATE_CONFLICT", detail, job=job_json(row), **extra))
+def _conflict(who: Principal, detail: str, row: JobRow, **extra: Any) -> Outcome:
+    return Outcome(409, problem_body(409, "STATE_CONFLICT", detail, job=shown(who, row), **extra))
 
 
 async def _revision_conflict(tx: Tx, caller: Caller, action: str, row: JobRow, expected: int | None,
@@ -110,7 +126,8 @@ async def _revision_conflict(tx: Tx, caller: Caller, action: str, row: JobRow, e
         return None
     await audit(tx.conn, caller.entry(action, reason=reason, expected_revision=expected),
                 [(row.id, row.queue, row.revision, "conflict")])
-    return _conflict(f"the job is at revision {row.revision}, not {expected}: read it again and decide anew", row)
+    return _conflict(caller.principal, f"the job is at revision {row.revision}, not {expected}: read it again and "
+                     "decide anew", row)
 
 
 async def cancel(
@@ -124,7 +141,7 @@ async def cancel(
     async def body(tx: Tx) -> Outcome:
         row = await _locked(tx, job_id)
         if not caller.principal.may("jobs:cancel", row.queue):
-            raise forbidden("jobs:cancel", row.queue)
+            raise refuse(caller.principal, "jobs:cancel", row)
         stale = await _revision_conflict(tx, caller, "jobs:cancel", row, expected_revision, reason)
         if stale is not None:
             return stale
@@ -134,11 +151,12 @@ async def cancel(
         if not result.cancellation_initiated:
             await audit(tx.conn, entry, [(job_id, after.queue, after.revision, "conflict")])
             why = "a cancel is already in flight" if after.status == JobStatus.RUNNING else f"it is {after.status}"
-            return _conflict(f"the job cannot be cancelled: {why}", after)
+            return _conflict(caller.principal, f"the job cannot be cancelled: {why}", after)
         running = after.status == JobStatus.RUNNING
         await audit(tx.conn, entry, [(job_id, after.queue, after.revision,
                                       "cancel_requested" if running else "cancelled")])
-        return Outcome(202 if running else 200, {"job": job_json(after), "previous_status": result.previous_status})
+        return Outcome(202 if running else 200, {"job": shown(caller.principal, after),
+                                                 "previous_status": result.previous_status})
 
     return await run_write(backend, caller, request_fingerprint, body)
 
@@ -153,7 +171,7 @@ async def requeue(
     async def body(tx: Tx) -> Outcome:
         row = await _locked(tx, job_id)
         if not caller.principal.may("jobs:requeue", row.queue):
-            raise forbidden("jobs:requeue", row.queue)
+            raise refuse(caller.principal, "jobs:requeue", row)
         stale = await _revision_conflict(tx, caller, "jobs:requeue", row, expected_revision, reason)
         if stale is not None:
             return stale
@@ -164,23 +182,43 @@ async def requeue(
         if not result.requeued:
             await audit(tx.conn, entry, [(job_id, after.queue, after.revision, "conflict")])
             if result.conflict_job_id is not None:
-                return _conflict(f"job {result.conflict_job_id} holds this job's unique key", after,
-                                 conflict_job_id=str(result.conflict_job_id))
-            return _conflict(f"only failed, crashed or abandoned jobs can be requeued; it is {after.status}", after)
+                holders = await _readable_holders(tx, caller.principal, [result.conflict_job_id])
+                if result.conflict_job_id in holders:
+                    return _conflict(caller.principal, f"job {result.conflict_job_id} holds this job's unique key",
+                                     after, conflict_job_id=str(result.conflict_job_id))
+                return _conflict(caller.principal, "another job holds this job's unique key", after)
+            return _conflict(caller.principal,
+                             f"only failed, crashed or abandoned jobs can be requeued; it is {after.status}", after)
         await audit(tx.conn, entry, [(job_id, after.queue, after.revision, "requeued")])
-        return Outcome(200, {"job": job_json(after), "previous_status": result.previous_status})
+        return Outcome(200, {"job": shown(caller.principal, after), "previous_status": result.previous_status})
 
     return await run_write(backend, caller, request_fingerprint, body)
 
 
+async def _readable_holders(tx: Tx, who: Principal, ids: list[UUID]) -> set[UUID]:
+    """Which of these jobs (holders of a unique key) the caller may read."""
+    if not ids:
+        return set()
+    rows = await tx.backend.job_list(JobFilter(ids=tuple(ids)), limit=len(ids))
+    return {r.id for r in rows if who.may("jobs:read", r.queue)}
+
+
 async def enqueue(backend: Backend, caller: Caller, job: JobInsert, *, request_fingerprint: str) -> Outcome:
-    """201 with the new row (200 with the holder's row when its unique key is held: nothing written)."""
+    """201 with the new row. When its unique key is held (one namespace across all queues: nothing is
+    written but the audit row): 200 with the holder's row if the caller may read the holder's queue,
+    else 409 UNIQUE_KEY_HELD with no row, id or queue of the holder, and an audit row naming only the
+    requested queue (no event on the holder's timeline)."""
     if not caller.principal.may("jobs:enqueue", job.options.queue):
         raise forbidden("jobs:enqueue", job.options.queue)
 
     async def body(tx: Tx) -> Outcome:
         inserted = await tx.backend.job_insert_deferred(job, conn=tx.conn)
         row = inserted.row()
+        if not inserted.created and not caller.principal.may("jobs:read", row.queue):
+            await audit(tx.conn, caller.entry("jobs:enqueue"), [(None, job.options.queue, None, "unique_key_held")])
+            return Outcome(409, problem_body(
+                409, "UNIQUE_KEY_HELD", "another job holds this unique key (unique keys are one namespace across "
+                "all queues); nothing was enqueued"))
         await audit(tx.conn, caller.entry("jobs:enqueue"),
                     [(row.id, row.queue, row.revision, "enqueued" if inserted.created else "unique_key_held")])
         return Outcome(201 if inserted.created else 200, {"job": job_json(row), "created": inserted.created})
@@ -190,30 +228,33 @@ async def enqueue(backend: Backend, caller: Caller, job: JobInsert, *, request_f
 
 async def _bulk_targets(tx: Tx, caller: Caller, action: str, flt: JobFilter, actionable: tuple[JobStatus, ...],
                         limit: int) -> tuple[list[JobRow], bool]:
-    """The first `limit` matching jobs the caller may act on and read, newest first, and whether more match."""
+    """The first `limit` matching jobs the caller may act on and read, newest first, and whether more of
+    those match: both grants' queue patterns go into the statement, so a scoped token reaches its own
+    jobs and `more` counts nothing it may not see. 403 when no grant covers `action` on any queue."""
+    if not caller.principal.may(action):
+        raise forbidden(action, None)
     statuses = [s for s in (flt.status_list() or actionable) if s in actionable]
-    allowed = caller.principal.readable(action)
-    readable = caller.principal.readable("jobs:read")
+    if not statuses:
+        return [], False
     params = {
         "statuses": statuses, "queues": list(flt.queues) if flt.queues else None,
         "actors": list(flt.actors) if flt.actors else None, "tags": list(flt.tags) if flt.tags else None,
         "parent_id": None, "created_after": flt.created_after, "created_before": flt.created_before,
-        "readable": None, "uncancelled": action == "jobs:cancel", "after_at": None, "after_id": None,
-        "limit": limit + 1,
+        "readable": caller.principal.readable("jobs:read"), "allowed": caller.principal.readable(action),
+        "uncancelled": action == "jobs:cancel", "after_at": None, "after_id": None, "limit": limit + 1,
     }
-    if not statuses:
+    if params["readable"] == [] or params["allowed"] == []:
         return [], False
     rows = await jobs(tx.conn, "job_page", params)
-    more = len(rows) > limit
-    permitted = [r for r in rows[:limit] if (allowed is None or caller.principal.may(action, r.queue))
-                 and (readable is None or caller.principal.may("jobs:read", r.queue))]
-    return permitted, more
+    return rows[:limit], len(rows) > limit
 
 
 async def bulk_cancel(backend: Backend, caller: Caller, flt: JobFilter, *, reason: str | None, limit: int,
                       request_fingerprint: str) -> Outcome:
     """Cancel at most `limit` matching unfinished jobs (newest first) in one transaction; the counts say
-    how many by previous status, and `more` whether matching jobs were left for another call."""
+    how many by previous status, and `more` whether matching jobs were left for another call. A target
+    that changed between the selection and the cancel (finished, or a cancel already requested) is
+    left alone and audited as a conflict."""
 
     async def body(tx: Tx) -> Outcome:
         targets, more = await _bulk_targets(tx, caller, "jobs:cancel", flt, CANCELLABLE, limit)
@@ -221,10 +262,12 @@ async def bulk_cancel(backend: Backend, caller: Caller, flt: JobFilter, *, reaso
             return Outcome(200, {"matched": 0, "by_previous_status": {}, "job_ids": [], "more": more})
         result = await job_ops.cancel_jobs_where(tx.backend, JobFilter(ids=tuple(r.id for r in targets)),
                                                     reason, batch_size=len(targets))
-        after = await tx.backend.job_list(JobFilter(ids=result.job_ids), limit=max(1, len(result.job_ids)))
-        await audit(tx.conn, caller.entry("jobs:cancel", reason=reason, detail={"bulk": True}),
-                    [(r.id, r.queue, r.revision, "cancel_requested" if r.status == JobStatus.RUNNING else "cancelled")
-                     for r in after])
+        done = set(result.job_ids)
+        after = await tx.backend.job_list(JobFilter(ids=result.job_ids), limit=len(done)) if done else []
+        touched = [(r.id, r.queue, r.revision, "cancel_requested" if r.status == JobStatus.RUNNING else "cancelled")
+                   for r in after]
+        touched += [(r.id, r.queue, r.revision, "conflict") for r in targets if r.id not in done]
+        await audit(tx.conn, caller.entry("jobs:cancel", reason=reason, detail={"bulk": True}), touched)
         return Outcome(200, {"matched": len(targets), "by_previous_status": result.by_previous_status,
                              "job_ids": [str(i) for i in result.job_ids], "more": more})
 
@@ -234,7 +277,9 @@ async def bulk_cancel(backend: Backend, caller: Caller, flt: JobFilter, *, reaso
 async def bulk_requeue(backend: Backend, caller: Caller, flt: JobFilter, *, reason: str | None,
                        attempts: int | None, limit: int, registry: ActorRegistry,
                        request_fingerprint: str) -> Outcome:
-    """Requeue at most `limit` matching failed, crashed or abandoned jobs in one transaction."""
+    """Requeue at most `limit` matching failed, crashed or abandoned jobs in one transaction. A target whose
+    unique key another job holds is a conflict (audited): `conflicts` maps it to the holder's id, or to
+    null when the caller may not read the holder. When every target conflicts: 409 with the conflicts."""
 
     async def body(tx: Tx) -> Outcome:
         targets, more = await _bulk_targets(tx, caller, "jobs:requeue", flt, REQUEUEABLE, limit)
@@ -244,12 +289,20 @@ async def bulk_requeue(backend: Backend, caller: Caller, flt: JobFilter, *, reas
         result = await job_ops.requeue_jobs_where(
             tx.backend, JobFilter(ids=tuple(r.id for r in targets)), reason=reason, attempts=attempts,
             registry=registry, batch_size=len(targets))
-        after = await tx.backend.job_list(JobFilter(ids=result.job_ids), limit=max(1, len(result.job_ids)))
-        await audit(tx.conn, caller.entry("jobs:requeue", reason=reason, detail={"bulk": True}),
-                    [(r.id, r.queue, r.revision, "requeued") for r in after])
-        return Outcome(200, {"matched": len(targets), "by_previous_status": result.by_previous_status,
-                             "job_ids": [str(i) for i in result.job_ids],
-                             "conflicts": {str(k): str(v) for k, v in result.conflicts.items()}, "more": more})
+        done = set(result.job_ids)
+        after = await tx.backend.job_list(JobFilter(ids=result.job_ids), limit=len(done)) if done else []
+        touched = [(r.id, r.queue, r.revision, "requeued") for r in after]
+        touched += [(r.id, r.queue, r.revision, "conflict") for r in targets if r.id not in done]
+        await audit(tx.conn, caller.entry("jobs:requeue", reason=reason, detail={"bulk": True}), touched)
+        readable = await _readable_holders(tx, caller.principal, list(set(result.conflicts.values())))
+        answer = {"matched": len(targets), "by_previous_status": result.by_previous_status,
+                  "job_ids": [str(i) for i in result.job_ids],
+                  "conflicts": {str(k): str(v) if v in readable else None for k, v in result.conflicts.items()},
+                  "more": more}
+        if not done and result.conflicts:
+            return Outcome(409, problem_body(409, "STATE_CONFLICT", "every selected job conflicts: another job "
+                                             "holds its unique key", **answer))
+        return Outcome(200, answer)
 
     return await run_write(backend, caller, request_fingerprint, body)
 
@@ -308,13 +361,16 @@ async def queue_limit(backend: Backend, caller: Caller, name: str, change: dict[
                       request_fingerprint: str) -> Outcome:
     """Set or remove a queue's limits (queues:write on it) through `queues.set_queue_limits`, the function
     `taskq queue limit` calls: `change` holds the limits given (a field left out is kept, None removes
-    it). 200 with {"name", "limits"}; the queue's 'limits' event and the audit row (its detail: the change)
+    it). 404, creating nothing, for a queue the database does not know (as for a pause). 200 with {"name", "limits"}; the queue's 'limits' event and the audit row (its detail: the change)
     commit together. A bad value is a ConfigurationError (400) raised before any write of the action:
     the transaction, the receipt included, rolls back."""
     if not caller.principal.may("queues:write", name):
         raise forbidden("queues:write", name)
 
     async def body(tx: Tx) -> Outcome:
+        known = await fetch_one(tx.conn, "queue_known", {"name": name})
+        if known is None or not known["known"]:
+            raise not_found(f"queue named {name!r} (no worker serves it and no unfinished job names it)")
         done = await queue_ops.set_queue_limits(tx.backend, name, reason=reason, by=caller.principal.name,
                                              **{k: change[k] for k in LIMIT_FIELDS if k in change})
         await audit(tx.conn, caller.entry("queues:limit", reason=reason, detail={"change": change}),

@@ -211,6 +211,18 @@ async def get_job(request: Request) -> Response:
     return ok(request, detail, ETag=f'"{detail["job"]["revision"]}"')
 
 
+def _job_rows(what: str) -> Handler:
+    async def rows(request: Request) -> Response:
+        who = await principal(request)
+        job_id = reads.job_id_of(request.path_params["job_id"])
+        page = await reads.job_rows_page(await state_of(request).backend(), who, job_id, what, _query(request))
+        return ok(request, page)
+
+    rows.__name__ = f"job_{what}"
+    rows.__doc__ = f"""GET /jobs/{{id}}/{what}: the job's {what}, newest first, `limit` and `cursor` as GET /jobs."""
+    return endpoint(rows)
+
+
 @endpoint
 async def list_workers(request: Request) -> Response:
     who = await principal(request)
@@ -235,12 +247,11 @@ async def get_stats(request: Request) -> Response:
 @endpoint
 async def list_queues(request: Request) -> Response:
     """GET /queues: every queue of the queues table and every queue with waiting, running or recently
-    finished jobs, with its depth, pause and limits."""
+    finished jobs, with its depth, pause and limits; those the token may see with queues:read (or
+    queues:write)."""
     who = await principal(request)
     st = state_of(request)
-    found = await reads.stats(await st.backend(), who, state=st)
-    return ok(request, {"queues": [{"name": name, "depth": q["depth"], "paused": q["paused"], "limits": q["limits"]}
-                                   for name, q in sorted(found["queues"].items())]})
+    return ok(request, {"queues": await reads.queues(await st.backend(), who, state=st)})
 
 
 @endpoint
@@ -257,16 +268,23 @@ async def list_cancellations(request: Request) -> Response:
 
 # -- writes --------------------------------------------------------------------------------------------
 
+def _with_revision(body: dict[str, Any], expected: int | None) -> dict[str, Any]:
+    """The body a receipt's fingerprint covers: the effective expected revision folded in, so that the same
+    key sent with another If-Match is another request (422), and If-Match "3" and a body's
+    `expected_revision: 3` are the same one."""
+    return body if expected is None else body | {"expected_revision": expected}
+
+
 @endpoint
 async def cancel_job(request: Request) -> Response:
     who = await principal(request)
     job_id = reads.job_id_of(request.path_params["job_id"])
     body = await json_body(request)
     parsed = parse_body(CancelBody, body)
+    expected = expected_revision(request, parsed.expected_revision)
     outcome = await actions.cancel(
         await state_of(request).backend(), caller(request, who), job_id, reason=parsed.reason,
-        expected_revision=expected_revision(request, parsed.expected_revision),
-        request_fingerprint=fingerprint(request, body))
+        expected_revision=expected, request_fingerprint=fingerprint(request, _with_revision(body, expected)))
     response = outcome_response(request, outcome)
     if outcome.status == 202:
         response.headers["Location"] = str(request.url_for("get_job", job_id=str(job_id)))
@@ -280,10 +298,11 @@ async def requeue_job(request: Request) -> Response:
     body = await json_body(request)
     parsed = parse_body(RequeueBody, body)
     st = state_of(request)
+    expected = expected_revision(request, parsed.expected_revision)
     outcome = await actions.requeue(
         await st.backend(), caller(request, who), job_id, reason=parsed.reason, attempts=parsed.attempts,
-        expected_revision=expected_revision(request, parsed.expected_revision),
-        registry=st.config.registry or default_registry, request_fingerprint=fingerprint(request, body))
+        expected_revision=expected, registry=st.config.registry or default_registry,
+        request_fingerprint=fingerprint(request, _with_revision(body, expected)))
     return outcome_response(request, outcome)
 
 
@@ -393,6 +412,8 @@ def routes() -> list[BaseRoute]:
         Route("/jobs:requeue", _bulk("requeue"), methods=["POST"]),
         Route("/jobs/{job_id}:cancel", cancel_job, methods=["POST"]),
         Route("/jobs/{job_id}:requeue", requeue_job, methods=["POST"]),
+        Route("/jobs/{job_id}/events", _job_rows("events"), methods=["GET"]),
+        Route("/jobs/{job_id}/audit", _job_rows("audit"), methods=["GET"]),
         Route("/jobs/{job_id}", get_job, methods=["GET"], name="get_job"),
         Route("/jobs", list_jobs, methods=["GET"]),
         Route("/jobs", enqueue_job, methods=["POST"]),

@@ -23,7 +23,8 @@ def _json(description: str, schema: dict[str, Any] | None = None) -> dict[str, A
 
 _ERRORS = {"400": _problem("INVALID_ARGUMENT"), "401": _problem("UNAUTHENTICATED"),
            "403": _problem("PERMISSION_DENIED"), "404": _problem("NOT_FOUND")}
-_WRITE_ERRORS = _ERRORS | {"409": _problem("STATE_CONFLICT (with the current row as `job`)"),
+_WRITE_ERRORS = _ERRORS | {"409": _problem("STATE_CONFLICT (with the current row as `job`); UNIQUE_KEY_HELD on an "
+                                           "enqueue"),
                            "413": _problem("TOO_LARGE"), "422": _problem("IDEMPOTENCY_KEY_REUSED")}
 _KEY = {"name": "Idempotency-Key", "in": "header", "required": False, "schema": {"type": "string", "maxLength": 255},
         "description": "A replay with the same key and request returns the first status and body "
@@ -38,6 +39,13 @@ def _body(model: str) -> dict[str, Any]:
     return {"required": False, "content": {"application/json": {"schema": {"$ref": _REF.format(model=model)}}}}
 
 
+def _page_params() -> list[dict[str, Any]]:
+    return [{"name": "limit", "in": "query", "required": False, "schema": {"type": "string"},
+             "description": "1-500 (default 50)"},
+            {"name": "cursor", "in": "query", "required": False, "schema": {"type": "string"},
+             "description": "next_cursor of the last page"}]
+
+
 def _filters() -> list[dict[str, Any]]:
     names = {"status": "comma-separated statuses", "queue": "queue names", "actor": "actor names",
              "tag": "tags (all must be present)", "parent": "parent job id", "created_after": "ISO 8601",
@@ -50,6 +58,16 @@ def _filters() -> list[dict[str, Any]]:
 def schema() -> dict[str, Any]:
     job = {"$ref": _REF.format(model="JobRow")}
     job_answer = {"type": "object", "properties": {"job": job, "previous_status": {"type": "string"}}}
+    minimal = {"type": "object", "required": ["id", "status", "revision"],
+               "description": "the job as a token without jobs:read on its queue sees it",
+               "properties": {"id": {"type": "string", "format": "uuid"}, "status": {"type": "string"},
+                              "revision": {"type": "integer"}}}
+    acted = {"type": "object", "description": "`job` is the whole row with jobs:read on the job's queue, else only "
+             "{id, status, revision} (also in a 409's `job`)",
+             "properties": {"job": {"oneOf": [job, minimal]}, "previous_status": {"type": "string"}}}
+    more = {"type": "object", "description": "true where older rows than the newest 100 exist (page through them "
+            "with /jobs/{job_id}/events and /audit)",
+            "properties": {k: {"type": "boolean"} for k in ("events", "attempts", "audit")}}
     models = {m.__name__: m.model_json_schema(ref_template=_REF)
               for m in (JobRow, CancelBody, RequeueBody, EnqueueBody, BulkBody, QueueBody, LimitBody)}
     components: dict[str, Any] = {}
@@ -75,22 +93,38 @@ def schema() -> dict[str, Any]:
             "get": read | {"operationId": "listJobs", "summary": "jobs, newest first, keyset pages",
                            "parameters": _filters()},
             "post": write("enqueueJob", "enqueue a job", "EnqueueBody",
-                          {"201": _json("enqueued", job_answer), "200": _json("its unique key is held")}, []),
+                          {"201": _json("enqueued", job_answer),
+                           "200": _json("its unique key is held by a job of a queue the token may read: that job",
+                                        job_answer)}, [])
+            | {"description": "Unique keys are one namespace across all queues. A key held by a job of a queue "
+               "the token may not read (jobs:read) answers 409 UNIQUE_KEY_HELD, with no row, id or queue."},
         },
-        "/jobs/{job_id}": {"get": read | {"operationId": "getJob", "parameters": [_JOB_ID],
-                                          "summary": "row (with revision), events, attempts, parents, children"}},
+        "/jobs/{job_id}": {"get": read | {
+            "operationId": "getJob", "parameters": [_JOB_ID],
+            "summary": "row (with revision), the newest 100 events, attempts and audit rows (`more` says where "
+                       "older ones exist), parents, children",
+            "responses": {"200": _json("the detail", {"type": "object", "properties": {"job": job, "more": more}})}
+            | _ERRORS}},
+        "/jobs/{job_id}/events": {"get": read | {
+            "operationId": "listJobEvents", "parameters": [_JOB_ID, *_page_params()],
+            "summary": "the job's timeline, newest first, keyset pages (`events`, `next_cursor`)"}},
+        "/jobs/{job_id}/audit": {"get": read | {
+            "operationId": "listJobAudit", "parameters": [_JOB_ID, *_page_params()],
+            "summary": "the job's audit rows, newest first, keyset pages (`audit`, `next_cursor`)"}},
         "/jobs/{job_id}:cancel": {"post": write(
             "cancelJob", "cancel one job", "CancelBody",
-            {"200": _json("it was pending or scheduled: cancelled", job_answer),
+            {"200": _json("it was pending or scheduled: cancelled", acted),
              "202": _json("it is running: the request is durably stored (cancel_phase 1), not 'stopped'",
-                          job_answer)}, [_JOB_ID, _IF_MATCH])},
+                          acted)}, [_JOB_ID, _IF_MATCH])},
         "/jobs/{job_id}:requeue": {"post": write("requeueJob", "requeue a failed, crashed or abandoned job",
-                                                 "RequeueBody", {"200": _json("requeued", job_answer)},
+                                                 "RequeueBody", {"200": _json("requeued", acted)},
                                                  [_JOB_ID, _IF_MATCH])},
         "/jobs:cancel": {"post": write("bulkCancel", "cancel at most `limit` matching jobs", "BulkBody",
                                        {"200": _json("counts by previous status, `more`")}, [])},
         "/jobs:requeue": {"post": write("bulkRequeue", "requeue at most `limit` matching jobs", "BulkBody",
-                                        {"200": _json("counts by previous status, `more`")}, [])},
+                                        {"200": _json("counts by previous status, `conflicts` (job id -> the "
+                                                      "holder of its unique key, null when unreadable), `more`")},
+                                        [])},
         "/workers": {"get": read | {"operationId": "listWorkers"}},
         "/schedules": {"get": read | {"operationId": "listSchedules"}},
         "/queues": {"get": read | {"operationId": "listQueues", "summary": "depth, paused and limits per queue"}},

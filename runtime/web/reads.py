@@ -18,7 +18,7 @@ from taskq.backend.dependencies import DependencyEdge
 from taskq.backend.web import JobPage, fetch_all
 from taskq.checks import check_text
 from taskq.exceptions import ConfigurationError
-from taskq.models import JobFilter, JobRow, JobStatus, QueueLimits
+from taskq.models import JobAttempt, JobEvent, JobFilter, JobRow, JobStatus, QueueLimits
 from taskq.ops import schedules as schedule_ops
 from taskq.ops.tokens import Principal
 from taskq.settings import WorkerSettings
@@ -32,7 +32,11 @@ PAGE_PARAMS = ("limit", "cursor")
 DEFAULT_PAGE = 50
 MAX_PAGE = 500
 DETAIL_CHILDREN = 100
+DETAIL_ROWS = 100
+"""The job detail carries at most this many of the newest events, attempts and audit rows (each list
+with its `more` flag); GET /jobs/{id}/events and /audit page through the rest."""
 HELD_SHOWN = 20
+JOB_ACTIONS = ("jobs:read", "jobs:cancel", "jobs:requeue")
 
 
 def job_id_of(text: str) -> UUID:
@@ -135,17 +139,19 @@ async def job_page(backend: Backend, who: Principal, query: Mapping[str, Sequenc
     params = parse_filter(query)
     cursor = query.get("cursor", ())
     after = decode_cursor(cursor[-1]) if cursor and cursor[-1] else None
-    params |= {"readable": who.readable("jobs:read"), "uncancelled": False, "after_at": after[0] if after else None,
+    params |= {"readable": who.readable("jobs:read"), "allowed": None, "uncancelled": False, "after_at": after[0] if after else None,
                "after_id": after[1] if after else None}
     return await web_store.job_page(backend, params, page_limit(query))
 
 
 async def readable_job(backend: Backend, who: Principal, job_id: UUID) -> JobRow:
+    """The row, if the caller may read it. 404 for a job it may neither read nor act on (as for a job that
+    does not exist); 403, naming no queue, for one it may only cancel or requeue."""
     row = await backend.get(job_id)
-    if row is None:
+    if row is None or not any(who.may(a, row.queue) for a in JOB_ACTIONS):
         raise not_found(f"job {job_id}")
     if not who.may("jobs:read", row.queue):
-        raise forbidden("jobs:read", row.queue)
+        raise forbidden("jobs:read", None)
     return row
 
 
@@ -156,30 +162,77 @@ async def job_detail(backend: Backend, who: Principal, job_id: UUID) -> dict[str
     then the jobs spawned with parent_id (a spawned child shows as {"id", "status", "actor",
     "spawned": true}); edges to jobs of queues the caller may not read are left out."""
     row = await readable_job(backend, who, job_id)
-    events = await backend.job_events(job_id)
-    attempts = await backend.job_attempts(job_id)
+    events = await fetch_all(backend, "job_events_page", {"id": job_id, "before": None, "limit": DETAIL_ROWS + 1})
+    attempts = await fetch_all(backend, "job_attempts_newest", {"id": job_id, "limit": DETAIL_ROWS + 1})
     async with backend.connection() as conn:
         edges = await dependency_store.dependencies(conn, job_id)
     spawned = await web_store.jobs(backend, "job_children", {"id": job_id, "limit": DETAIL_CHILDREN})
-    audit = await fetch_all(backend, "audit_for_job", {"id": job_id})
+    audit = await fetch_all(backend, "audit_for_job", {"id": job_id, "before": None, "limit": DETAIL_ROWS + 1})
     ladder = (await cancel_ladders(backend, [row]))[0] if row.cancel_requested_at is not None else None
-    readable = await _readable_ids(backend, who, [e.job_id for e in edges])
+    others = [e.job_id for e in edges] + ([row.parent_id] if row.parent_id is not None else [])
+    readable = await _readable_ids(backend, who, others)
     parents = [_edge(e) for e in edges if e.side == "parent" and e.job_id in readable]
     children = [_edge(e) for e in edges if e.side == "child" and e.job_id in readable][:DETAIL_CHILDREN]
-    if row.parent_id is not None and all(p["id"] != str(row.parent_id) for p in parents):
+    if row.parent_id is not None and row.parent_id in readable and all(p["id"] != str(row.parent_id)
+                                                                       for p in parents):
         parents.append({"id": str(row.parent_id), "spawned": True})
     seen = {c["id"] for c in children}
     children += [{"id": str(c.id), "status": c.status, "actor": c.actor, "spawned": True} for c in spawned
                  if str(c.id) not in seen and who.may("jobs:read", c.queue)]
+    job = row.model_dump(mode="json")
+    if row.parent_id is not None and row.parent_id not in readable:
+        job["parent_id"] = None  # the spawning job sits in a queue the caller may not read
     return {
-        "job": row.model_dump(mode="json"),
-        "events": [e.model_dump(mode="json") for e in events],
-        "attempts": [a.model_dump(mode="json") for a in attempts],
+        "job": job,
+        "events": [_event(e) for e in reversed(events[:DETAIL_ROWS])],
+        "attempts": [JobAttempt.model_validate(a).model_dump(mode="json") for a in reversed(attempts[:DETAIL_ROWS])],
         "parents": parents,
         "children": children,
-        "audit": [_jsonable(a) for a in audit],
+        "audit": [_jsonable(a) for a in reversed(audit[:DETAIL_ROWS])],
+        "more": {"events": len(events) > DETAIL_ROWS, "attempts": len(attempts) > DETAIL_ROWS,
+                 "audit": len(audit) > DETAIL_ROWS},
         "cancel_ladder": ladder,
     }
+
+
+def _event(row: dict[str, Any]) -> dict[str, Any]:
+    return JobEvent.model_validate(row).model_dump(mode="json")
+
+
+def _id_cursor(query: Mapping[str, Sequence[str]]) -> int | None:
+    raw = query.get("cursor", ())
+    if not raw or not raw[-1]:
+        return None
+    try:
+        text = base64.urlsafe_b64decode(raw[-1] + "=" * (-len(raw[-1]) % 4)).decode()
+        value = int(text)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        value = 0
+    if not 0 < value < 2**63:
+        raise bad_request("cursor is not one this server gave out")
+    return value
+
+
+def _encode_id_cursor(value: int) -> str:
+    return base64.urlsafe_b64encode(str(value).encode()).decode().rstrip("=")
+
+
+async def job_rows_page(backend: Backend, who: Principal, job_id: UUID, what: str,
+                        query: Mapping[str, Sequence[str]]) -> dict[str, Any]:
+    """GET /jobs/{id}/events or /audit: one page of the job's timeline or audit rows, newest first, with
+    the conventions of GET /jobs (`limit` 1-500, default 50; `cursor` the last page's `next_cursor`)."""
+    unknown = sorted(set(query) - set(PAGE_PARAMS))
+    if unknown:
+        raise bad_request(f"unknown parameter {unknown[0]!r}; parameters: {', '.join(PAGE_PARAMS)}")
+    limit = page_limit(query)
+    before = _id_cursor(query)
+    await readable_job(backend, who, job_id)
+    name = "job_events_page" if what == "events" else "audit_for_job"
+    rows = await fetch_all(backend, name, {"id": job_id, "before": before, "limit": limit + 1})
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return {what: [_event(r) if what == "events" else _jsonable(r) for r in rows],
+            "next_cursor": _encode_id_cursor(rows[-1]["id"]) if more and rows else None}
 
 
 def _edge(e: DependencyEdge) -> dict[str, Any]:
@@ -245,11 +298,15 @@ async def cancellations(backend: Backend, who: Principal, limit: int = 500) -> l
 
 
 async def workers(backend: Backend, who: Principal) -> list[dict[str, Any]]:
-    """The worker registry; a worker shows when the caller may read one of its queues."""
+    """The worker registry; a worker shows when the caller may read one of its queues (`workers:read`), with
+    only those queues, and `held` counts (and `held_jobs` lists) only the jobs of queues it may read
+    (`jobs:read`)."""
     if not who.may("workers:read"):
         raise forbidden("workers:read", None)
-    rows = [r for r in await fetch_all(backend, "workers_list") if any(who.may("workers:read", q) for q in r["queues"])]
+    rows = [r for r in await fetch_all(backend, "workers_list", {"readable": who.readable("jobs:read")})
+            if any(who.may("workers:read", q) for q in r["queues"])]
     for r in rows:
+        r["queues"] = [q for q in r["queues"] if who.may("workers:read", q)]
         held = await web_store.jobs(backend, "worker_held_jobs", {"id": r["id"], "limit": HELD_SHOWN})
         r["held_jobs"] = [{"id": str(j.id), "actor": j.actor, "cancel_phase": j.cancel_phase,
                            "lock_expires_at": j.lock_expires_at.isoformat() if j.lock_expires_at else None}
@@ -264,18 +321,52 @@ async def schedules(backend: Backend, who: Principal) -> list[dict[str, Any]]:
             if who.may("schedules:read", s.queue)]
 
 
+def queue_patterns(who: Principal) -> list[str] | None:
+    """LIKE patterns of the queues whose state (pause, limits) the caller may see: `queues:read`, and
+    `queues:write` (which changes that state); None: every queue."""
+    read, write = who.readable("queues:read"), who.readable("queues:write")
+    return None if read is None or write is None else read + write
+
+
+def may_see_queue(who: Principal, name: str | None = None) -> bool:
+    return who.may("queues:read", name) or who.may("queues:write", name)
+
+
 async def stats(backend: Backend, who: Principal, minutes: int = 60, *, state: WebState | None = None
                 ) -> dict[str, Any]:
     """Per queue: depth by status (waiting and running), the oldest waiting job, and per minute of the
     last hour the finished jobs by status with run-time p50/p95; each queue's `paused` (with who, when
     and why) and `limits` from taskq.queues (a queue with a row there shows even with no jobs). With
     `state`, the last hour's figures are reused for RECENT_CACHE_SECONDS (they read every job finished
-    in the hour)."""
+    in the hour).
+
+    Grants: the depth and the last hour's figures cover the queues of `jobs:read`; `paused`, `pause` and
+    `limits` those of `queues:read` (or `queues:write`), and are null for a queue the caller sees only
+    through `jobs:read`. 403 without either grant."""
+    if not who.may("jobs:read") and not may_see_queue(who):
+        raise forbidden("jobs:read", None)
+    found = await _gather(backend, who.readable(), queue_patterns(who), minutes, state)
+    for name, q in found["queues"].items():
+        if not may_see_queue(who, name):
+            q.update(paused=None, pause=None, limits=None)
+    return found
+
+
+async def queues(backend: Backend, who: Principal, *, state: WebState | None = None) -> list[dict[str, Any]]:
+    """GET /queues: the queues whose state the caller may see (`queues:read` or `queues:write`), with
+    their depth, pause and limits. 403 without either grant on any queue."""
+    if not may_see_queue(who):
+        raise forbidden("queues:read", None)
+    patterns = queue_patterns(who)
+    found = await _gather(backend, patterns, patterns, 60, state)
+    return [{"name": name, "depth": q["depth"], "paused": q["paused"], "limits": q["limits"]}
+            for name, q in sorted(found["queues"].items())]
+
+
+async def _gather(backend: Backend, readable: list[str] | None, shown: list[str] | None, minutes: int,
+                  state: WebState | None) -> dict[str, Any]:
     from taskq.web.state import RECENT_CACHE_SECONDS
 
-    if not who.may("jobs:read"):
-        raise forbidden("jobs:read", None)
-    readable = who.readable()
     depth = await fetch_all(backend, "stats_depth", {"readable": readable})
     recent_key = f"recent:{minutes}:{readable}"
     recent = state.cached(recent_key) if state is not None else None
@@ -284,7 +375,7 @@ async def stats(backend: Backend, who: Principal, minutes: int = 60, *, state: W
         if state is not None:
             state.remember(recent_key, recent, RECENT_CACHE_SECONDS)
     queues: dict[str, dict[str, Any]] = {}
-    for r in await fetch_all(backend, "stats_queues", {"readable": readable}):
+    for r in await fetch_all(backend, "stats_queues", {"readable": shown}):
         q = queues.setdefault(r["name"], _queue_entry())
         q["paused"] = r["paused_at"] is not None
         q["pause"] = {"at": r["paused_at"].isoformat(), "by": r["paused_by"], "reason": r["pause_reason"]} \
@@ -306,8 +397,8 @@ async def stats(backend: Backend, who: Principal, minutes: int = 60, *, state: W
 
 async def queue_limits(backend: Backend, who: Principal, name: str) -> QueueLimits:
     """One queue's limits (none when it has no taskq.queues row), from the small queues table only."""
-    if not who.may("jobs:read", name):
-        raise forbidden("jobs:read", name)
+    if not may_see_queue(who, name):
+        raise forbidden("queues:read", name)
     for r in await fetch_all(backend, "stats_queues", {"readable": None}):  # a small table; the grant is checked
         if r["name"] == name:
             return QueueLimits(concurrency=r["concurrency_limit"], concurrency_per_key=r["concurrency_per_key"],
