@@ -22,6 +22,8 @@ from taskq.exceptions import ConfigurationError, PayloadInvalid, PayloadTooLarge
 from taskq.unique import unique_of
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+MAX_ATTEMPTS = 1_000_000
+"""The most attempts a job may be given (as for a requeue's `attempts`)."""
 _ANY: TypeAdapter[Any] = TypeAdapter(Any, config=ConfigDict(ser_json_inf_nan="constants"))
 # `\u0000` in JSON text is a NUL only when the backslash before it is not itself escaped (`\\u0000`
 # is the text "\u0000"): an odd number of backslashes in a row.
@@ -152,8 +154,8 @@ def check_options(
         raise ConfigurationError("tags must be a sequence of strings, not one string")
     tag_tuple = tuple(check_text("tag", t) for t in tags)
     attempts = max_attempts if max_attempts is not None else (actor.max_attempts if actor else 3)
-    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
-        raise ConfigurationError(f"max_attempts must be an int >= 1, got {attempts!r}")
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= MAX_ATTEMPTS:
+        raise ConfigurationError(f"max_attempts must be an int from 1 to {MAX_ATTEMPTS:,}, got {attempts!r}")
     prio = priority if priority is not None else (actor.priority if actor else 0)
     if isinstance(prio, bool) or not isinstance(prio, int) or not -(2**31) <= prio < 2**31:
         raise ConfigurationError(f"priority must be a 32-bit int, got {prio!r}")

@@ -8,7 +8,13 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
+from taskq.enqueue import MAX_ATTEMPTS
 from taskq.web.actions import BULK_LIMIT
+
+MAX_REVISION = 2**63 - 1
+"""A revision is a PostgreSQL bigint."""
+MAX_SCHEDULE_TO_CLOSE = 365 * 86400.0
+"""One year, in seconds: the longest `schedule_to_close` the API takes."""
 
 
 class _Body(BaseModel):
@@ -20,7 +26,7 @@ M = TypeVar("M", bound=_Body)
 
 class CancelBody(_Body):
     reason: str | None = Field(default=None, max_length=10_000)
-    expected_revision: int | None = Field(default=None, ge=1)
+    expected_revision: int | None = Field(default=None, ge=1, le=MAX_REVISION)
 
 
 class RequeueBody(CancelBody):
@@ -31,11 +37,11 @@ class EnqueueBody(_Body):
     actor: str
     payload: Any = None
     queue: str | None = None
-    priority: int | None = None
+    priority: int | None = Field(default=None, ge=-(2**31), le=2**31 - 1)
     tags: list[str] = []
     scheduled_at: datetime | None = None
-    max_attempts: int | None = None
-    schedule_to_close: float | None = None
+    max_attempts: int | None = Field(default=None, ge=1, le=MAX_ATTEMPTS)
+    schedule_to_close: float | None = Field(default=None, gt=0, le=MAX_SCHEDULE_TO_CLOSE, allow_inf_nan=False)
     unique_key: str | None = None
     unique_scope: str = "active"
 

@@ -31,6 +31,8 @@ from taskq.ops.queues import check_queue_name
 from taskq.ops.tokens import Principal
 from taskq.web import actions, reads
 from taskq.web.actions import BULK_LIMIT, Caller, Outcome
+from taskq.web.bodies import MAX_REVISION
+from taskq.web.api import _KEY as IDEMPOTENCY_KEY
 from taskq.web.api import state_of
 from taskq.web.problems import Problem, forbidden
 from taskq.web.svg import sparkline
@@ -131,8 +133,13 @@ def form_of(request: Request) -> FormData:
 
 
 def caller_of(request: Request, who: Principal) -> Caller:
-    key = str(form_of(request).get("idempotency_key", "")) or None
-    return Caller(who, uuid.uuid4().hex, key)
+    raw = str(form_of(request).get("idempotency_key", "")).strip()
+    if not raw:
+        return Caller(who, uuid.uuid4().hex, None)
+    match = IDEMPOTENCY_KEY.match(raw)
+    if match is None:
+        raise Problem(400, "INVALID_ARGUMENT", "idempotency_key must be 1-255 visible ASCII characters")
+    return Caller(who, uuid.uuid4().hex, match.group(1))
 
 
 # -- login ----------------------------------------------------------------------------------------------
@@ -243,7 +250,11 @@ async def cancellations(request: Request, who: Principal) -> Response:
 
 def _revision(form: FormData) -> int | None:
     raw = str(form.get("expected_revision", "")).strip()
-    return int(raw) if raw.isdigit() else None
+    if not raw:
+        return None
+    if not raw.isdigit() or len(raw) > 19 or not 1 <= int(raw) <= MAX_REVISION:
+        raise Problem(400, "INVALID_ARGUMENT", f"expected_revision must be a job revision, got {raw[:20]!r}")
+    return int(raw)
 
 
 @page

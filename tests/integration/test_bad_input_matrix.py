@@ -1,4 +1,5 @@
-"""The bad-input matrix: one table of hostile or broken inputs to the client, the CLI and the worker.
+"""The bad-input matrix: one table of hostile or broken inputs to the client, the CLI, the worker and the
+web app (API and dashboard).
 
 Every case states the documented outcome (an exception class, a CLI exit code, or the state a worker
 leaves a job in) and a fragment of the message a user should read. Each is run against a database
@@ -625,6 +626,76 @@ CASES: list[Case] = [
 ]
 
 
+# -- web: bounds of the API's and the dashboard's inputs ----------------------------------------------
+
+async def web_call(env: Env, method: str, path: str, *, form: dict[str, str] | None = None,
+                   **kwargs: Any) -> Outcome:
+    """One request to an in-process web app (no auth, every grant) over the case's database. The outcome
+    is `STATUS CODE` (the problem's code; for a dashboard page, the status alone); the message, the
+    problem's detail or the error page's text. A server error, or an error logged, fails the case."""
+    import logging
+    import re
+
+    import httpx
+
+    from taskq.web import create_app
+
+    path = path.replace("{seeded}", str(env.seeded[0]))
+    logged: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = logged.append  # type: ignore[method-assign]
+    logging.getLogger("taskq").addHandler(handler)
+    app = create_app(env.dsn, auth=False)
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as c:
+            if form is not None:  # a dashboard form: the CSRF token of the page it is posted from
+                page = await c.get(path.rsplit("/", 1)[0])
+                csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+                assert csrf is not None, page.text[:500]
+                r = await c.post(path, data={"csrf": csrf.group(1)} | form,
+                                 headers={"Sec-Fetch-Site": "same-origin", "Origin": "http://127.0.0.1"})
+            else:
+                r = await c.request(method, path, **kwargs)
+    finally:
+        logging.getLogger("taskq").removeHandler(handler)
+        await app.state.taskq.close()
+    assert r.status_code < 500, r.text[:500]
+    assert not logged, [rec.getMessage() for rec in logged]
+    if form is not None:
+        shown = re.search(r'id="error">([^<]*)<', r.text)
+        return Outcome(str(r.status_code), shown.group(1) if shown else r.text[:200])
+    body = r.json()
+    return Outcome(f"{r.status_code} {body.get('code')}", str(body.get("detail")))
+
+
+WEB_CASES: list[Case] = [
+    Case("web-enqueue-max-attempts-huge", "web", "POST /jobs max_attempts=99999999999999", "400 INVALID_ARGUMENT",
+         "max_attempts", lambda e: web_call(e, "POST", "/api/v1/jobs",
+                                            json={"actor": "a", "max_attempts": 99999999999999})),
+    Case("web-enqueue-deadline-huge", "web", "POST /jobs schedule_to_close=1e300", "400 INVALID_ARGUMENT",
+         "schedule_to_close", lambda e: web_call(e, "POST", "/api/v1/jobs",
+                                                 json={"actor": "a", "schedule_to_close": 1e300})),
+    Case("web-enqueue-deadline-infinite", "web", "POST /jobs schedule_to_close=1e400 (inf once parsed)",
+         "400 INVALID_ARGUMENT", "schedule_to_close",
+         lambda e: web_call(e, "POST", "/api/v1/jobs", content=b'{"actor": "a", "schedule_to_close": 1e400}',
+                            headers={"Content-Type": "application/json"})),
+    Case("web-enqueue-priority-huge", "web", "POST /jobs priority=2**40", "400 INVALID_ARGUMENT", "priority",
+         lambda e: web_call(e, "POST", "/api/v1/jobs", json={"actor": "a", "priority": 2**40})),
+    Case("web-cancel-revision-huge", "web", "POST /jobs/ID:cancel expected_revision=10**23", "400 INVALID_ARGUMENT",
+         "expected_revision", lambda e: web_call(e, "POST", "/api/v1/jobs/{seeded}:cancel",
+                                                 json={"expected_revision": 10**23})),
+    Case("web-form-idempotency-key-long", "web", "dashboard cancel form, idempotency_key of 300 characters", "400",
+         "idempotency_key", lambda e: web_call(e, "POST", "/jobs/{seeded}/cancel",
+                                               form={"idempotency_key": "k" * 300})),
+    Case("web-form-revision-huge", "web", "dashboard cancel form, expected_revision=10**23", "400",
+         "expected_revision", lambda e: web_call(e, "POST", "/jobs/{seeded}/cancel",
+                                                 form={"expected_revision": str(10**23)})),
+    Case("client-max-attempts-huge", "client", "max_attempts=10**7", "ConfigurationError", "max_attempts",
+         lambda e: client_call(e, lambda c: c.enqueue("matrix.x", 1, max_attempts=10**7))),
+]
+CASES += WEB_CASES
+
+
 # -- databases ----------------------------------------------------------------------------------------
 
 
@@ -778,7 +849,7 @@ def test_bad_input_gets_its_documented_outcome_and_leaves_the_store_intact(
 
 def test_the_matrix_covers_client_cli_and_worker_with_at_least_25_cases() -> None:
     layers = {c.layer for c in CASES}
-    assert layers == {"client", "cli", "worker"} and len(CASES) >= 25
+    assert layers == {"client", "cli", "worker", "web"} and len(CASES) >= 25
     assert len({c.id for c in CASES}) == len(CASES)
 
 
