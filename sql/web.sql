@@ -112,7 +112,9 @@ SELECT * FROM taskq.jobs WHERE id = %(id)s FOR UPDATE;
 -- name: job_page
 -- One page of jobs, newest first, after the keyset cursor (created_at, id) of the previous page.
 -- `readable`: LIKE patterns of the queues the caller may read (NULL: all); `allowed`: those of the queues
--- it may act on, for a bulk action's selection (NULL: all, or not a bulk action). The cursor is written as
+-- it may act on, for a bulk action's selection (NULL: all, or not a bulk action). Each comes split in two
+-- (taskq.backend.web.page_params): the patterns without a wildcard as names (`*_names`, compared with
+-- =, which the planner estimates from the column's statistics) and the others (`*_like`). The cursor is written as
 -- created_at <= X AND (created_at < X OR id < Y) so that created_at <= X is an index condition.
 -- `uncancelled`: only rows without a cancel request (a bulk cancel's selection).
 SELECT * FROM taskq.jobs
@@ -123,8 +125,10 @@ WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(parent_id)s::uuid IS NULL OR parent_id = %(parent_id)s::uuid)
   AND (%(created_after)s::timestamptz IS NULL OR created_at > %(created_after)s::timestamptz)
   AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s::timestamptz)
-  AND (%(readable)s::text[] IS NULL OR queue LIKE ANY(%(readable)s::text[]))
-  AND (%(allowed)s::text[] IS NULL OR queue LIKE ANY(%(allowed)s::text[]))
+  AND (%(readable)s::text[] IS NULL OR queue = ANY(%(readable_names)s::text[])
+       OR queue LIKE ANY(%(readable_like)s::text[]))
+  AND (%(allowed)s::text[] IS NULL OR queue = ANY(%(allowed_names)s::text[])
+       OR queue LIKE ANY(%(allowed_like)s::text[]))
   AND (NOT %(uncancelled)s::boolean OR cancel_requested_at IS NULL)
   AND (%(after_at)s::timestamptz IS NULL
        OR (created_at <= %(after_at)s::timestamptz

@@ -25,7 +25,7 @@ from taskq.backend.core import Backend
 from taskq.backend.params import row_to_job
 from taskq.models import JobRow
 
-__all__ = ["AuditEntry", "JobPage", "Tx", "fetch_all", "fetch_one", "transaction"]
+__all__ = ["AuditEntry", "JobPage", "Tx", "fetch_all", "fetch_one", "page_params", "transaction"]
 
 
 class _OneConnection:
@@ -93,9 +93,40 @@ class JobPage:
     next_after: tuple[datetime, UUID] | None
 
 
+def page_params(params: dict[str, Any]) -> dict[str, Any]:
+    """job_page's parameters with `readable` and `allowed` (LIKE patterns, backslash escapes) each split into
+    the exact names among them (`*_names`, unescaped) and the patterns with a wildcard (`*_like`). A list
+    of names only becomes part of the `queues` filter (intersected with it), which the planner reads as
+    an equality on queue: a scoped token's page plans as a page filtered by its queues."""
+    out = dict(params)
+    for key in ("readable", "allowed"):
+        names: list[str] = []
+        likes: list[str] = []
+        for pattern in params.get(key) or ():
+            plain, wild, escaped = [], False, False
+            for ch in pattern:
+                if escaped:
+                    plain.append(ch)
+                    escaped = False
+                elif ch == "\\":
+                    escaped = True
+                elif ch in "%_":
+                    wild = True
+                    break
+                else:
+                    plain.append(ch)
+            (likes.append(pattern) if wild else names.append("".join(plain)))
+        out[f"{key}_names"], out[f"{key}_like"] = names, likes
+        if params.get(key) is not None and not likes:
+            given = params.get("queues")
+            out["queues"] = sorted(set(names) if given is None else set(names) & set(given))
+            out[key], out[f"{key}_names"] = None, []
+    return out
+
+
 async def job_page(backend: Backend, params: dict[str, Any], limit: int) -> JobPage:
     """One keyset page (newest first) and the cursor of the next one (None on the last page)."""
-    rows = await jobs(backend, "job_page", params | {"limit": limit + 1})
+    rows = await jobs(backend, "job_page", page_params(params) | {"limit": limit + 1})
     more = len(rows) > limit
     rows = rows[:limit]
     return JobPage(rows, (rows[-1].created_at, rows[-1].id) if more and rows else None)

@@ -22,7 +22,7 @@ from psycopg.types.json import Jsonb
 
 from taskq.actors.declaration import ActorRegistry
 from taskq.backend import Backend, JobInsert
-from taskq.backend.web import AuditEntry, Tx, audit, fetch_all, fetch_one, jobs, transaction
+from taskq.backend.web import AuditEntry, Tx, audit, fetch_all, fetch_one, jobs, page_params, transaction
 from taskq.exceptions import QueueNotFound, ScheduleNotFound
 from taskq.models import JobFilter, JobRow, JobStatus
 from taskq.ops import jobs as job_ops
@@ -245,7 +245,7 @@ async def _bulk_targets(tx: Tx, caller: Caller, action: str, flt: JobFilter, act
     }
     if params["readable"] == [] or params["allowed"] == []:
         return [], False
-    rows = await jobs(tx.conn, "job_page", params)
+    rows = await jobs(tx.conn, "job_page", page_params(params))
     return rows[:limit], len(rows) > limit
 
 
