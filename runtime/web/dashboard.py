@@ -189,9 +189,10 @@ async def overview(request: Request, who: Principal) -> Response:
         p95s = {datetime.fromisoformat(p["minute"]): p["run_p95"] or 0.0 for p in done}
         queues.append({"name": name, **q, "chart": sparkline([per_minute.get(m, 0) for m in minutes]),
                        "latency_chart": sparkline([p95s.get(m, 0.0) for m in minutes]),
-                       "limits_text": QueueLimits(**q["limits"]).describe(),
+                       "limits_text": QueueLimits(**q["limits"]).describe() if q["limits"] is not None else None,
+                       "writable": who.may("queues:write", name),
                        "p95": max((p["run_p95"] or 0 for p in done), default=None)})
-    cancelling = await reads.cancellations(await st.backend(), who, limit=1000)
+    cancelling = await reads.cancellations(await st.backend(), who, limit=1000) if who.may("jobs:read") else []
     return render(request, "overview.html", who, queues=queues, statuses=list(JobStatus),
                   cancelling=len(cancelling), window=stats["window_minutes"])
 
@@ -277,6 +278,9 @@ async def job_action(request: Request, who: Principal) -> Response:
     else:
         raise Problem(404, "NOT_FOUND", f"no action {verb!r}")
     if outcome.status == 409:
+        if "queue" not in outcome.body["job"]:  # the row is not the caller's to read
+            return render(request, "error.html", who, status=409, status_code=409,
+                          message=f"conflict: {outcome.body['detail']}")
         detail = await reads.job_detail(backend, who, job_id)
         return render(request, "job.html", who, status=409, d=detail, j=detail["job"], message=None,
                       conflict=outcome.body["detail"])

@@ -19,6 +19,7 @@ from testkit import WebServer, query, wait_for
 
 from taskq.backend import Backend
 from taskq.ops.tokens import create_token
+from taskq.web import create_app
 
 GRANTS = {
     "admin": ["*@*"],
@@ -315,6 +316,15 @@ async def test_the_job_detail_is_bounded_and_events_and_audit_page_through_the_r
             assert len(seen) == len(set(seen)) == total and seen == sorted(seen, reverse=True)
         assert_problem(await c.get(f"/jobs/{jid}/events", params={"cursor": "%%%"}), 400, "INVALID_ARGUMENT")
         assert_problem(await c.get(f"/jobs/{jid}/audit", params={"limit": "0"}), 400, "INVALID_ARGUMENT")
+    app = create_app(api.dsn, auth=False)  # the dashboard's job page shows the bounded lists and says so
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as c:
+            page = await c.get(f"/jobs/{jid}")
+    finally:
+        await app.state.taskq.close()
+    assert page.status_code == 200 and page.text.count('class="event"') == 100
+    assert 'id="events-more"' in page.text and 'id="audit-more"' in page.text
+    assert 'id="attempts-more"' not in page.text
     async with httpx.AsyncClient(base_url=api.url) as c:
         spec = (await c.get("/api/v1/openapi.json")).json()
     assert "/jobs/{job_id}/events" in spec["paths"] and "/jobs/{job_id}/audit" in spec["paths"]
