@@ -264,8 +264,9 @@ async def bulk_cancel(backend: Backend, caller: Caller, flt: JobFilter, *, reaso
                                                     reason, batch_size=len(targets))
         done = set(result.job_ids)
         after = await tx.backend.job_list(JobFilter(ids=result.job_ids), limit=len(done)) if done else []
-        touched = [(r.id, r.queue, r.revision, "cancel_requested" if r.status == JobStatus.RUNNING else "cancelled")
-                   for r in after]
+        touched: list[tuple[UUID | None, str | None, int | None, str]] = [
+            (r.id, r.queue, r.revision, "cancel_requested" if r.status == JobStatus.RUNNING else "cancelled")
+            for r in after]
         touched += [(r.id, r.queue, r.revision, "conflict") for r in targets if r.id not in done]
         await audit(tx.conn, caller.entry("jobs:cancel", reason=reason, detail={"bulk": True}), touched)
         return Outcome(200, {"matched": len(targets), "by_previous_status": result.by_previous_status,
@@ -291,11 +292,12 @@ async def bulk_requeue(backend: Backend, caller: Caller, flt: JobFilter, *, reas
             registry=registry, batch_size=len(targets))
         done = set(result.job_ids)
         after = await tx.backend.job_list(JobFilter(ids=result.job_ids), limit=len(done)) if done else []
-        touched = [(r.id, r.queue, r.revision, "requeued") for r in after]
+        touched: list[tuple[UUID | None, str | None, int | None, str]] = [
+            (r.id, r.queue, r.revision, "requeued") for r in after]
         touched += [(r.id, r.queue, r.revision, "conflict") for r in targets if r.id not in done]
         await audit(tx.conn, caller.entry("jobs:requeue", reason=reason, detail={"bulk": True}), touched)
         readable = await _readable_holders(tx, caller.principal, list(set(result.conflicts.values())))
-        answer = {"matched": len(targets), "by_previous_status": result.by_previous_status,
+        answer: dict[str, Any] = {"matched": len(targets), "by_previous_status": result.by_previous_status,
                   "job_ids": [str(i) for i in result.job_ids],
                   "conflicts": {str(k): str(v) if v in readable else None for k, v in result.conflicts.items()},
                   "more": more}
@@ -361,7 +363,8 @@ async def queue_limit(backend: Backend, caller: Caller, name: str, change: dict[
                       request_fingerprint: str) -> Outcome:
     """Set or remove a queue's limits (queues:write on it) through `queues.set_queue_limits`, the function
     `taskq queue limit` calls: `change` holds the limits given (a field left out is kept, None removes
-    it). 404, creating nothing, for a queue the database does not know (as for a pause). 200 with {"name", "limits"}; the queue's 'limits' event and the audit row (its detail: the change)
+    it). 404, creating nothing, for a queue the database does not know (as for a pause).
+    200 with {"name", "limits"}; the queue's 'limits' event and the audit row (its detail: the change)
     commit together. A bad value is a ConfigurationError (400) raised before any write of the action:
     the transaction, the receipt included, rolls back."""
     if not caller.principal.may("queues:write", name):

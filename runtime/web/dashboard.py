@@ -31,9 +31,9 @@ from taskq.ops.queues import check_queue_name
 from taskq.ops.tokens import Principal
 from taskq.web import actions, reads
 from taskq.web.actions import BULK_LIMIT, Caller, Outcome
-from taskq.web.bodies import MAX_REVISION
 from taskq.web.api import _KEY as IDEMPOTENCY_KEY
 from taskq.web.api import state_of
+from taskq.web.bodies import MAX_REVISION
 from taskq.web.problems import Problem, forbidden
 from taskq.web.svg import sparkline
 

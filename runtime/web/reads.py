@@ -139,8 +139,8 @@ async def job_page(backend: Backend, who: Principal, query: Mapping[str, Sequenc
     params = parse_filter(query)
     cursor = query.get("cursor", ())
     after = decode_cursor(cursor[-1]) if cursor and cursor[-1] else None
-    params |= {"readable": who.readable("jobs:read"), "allowed": None, "uncancelled": False, "after_at": after[0] if after else None,
-               "after_id": after[1] if after else None}
+    params |= {"readable": who.readable("jobs:read"), "allowed": None, "uncancelled": False,
+               "after_at": after[0] if after else None, "after_id": after[1] if after else None}
     return await web_store.job_page(backend, params, page_limit(query))
 
 

@@ -642,8 +642,12 @@ async def web_call(env: Env, method: str, path: str, *, form: dict[str, str] | N
 
     path = path.replace("{seeded}", str(env.seeded[0]))
     logged: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.ERROR)
-    handler.emit = logged.append  # type: ignore[method-assign]
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            logged.append(record)
+
+    handler = Keep(logging.ERROR)
     logging.getLogger("taskq").addHandler(handler)
     app = create_app(env.dsn, auth=False)
     try:

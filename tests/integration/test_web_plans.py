@@ -22,7 +22,8 @@ NOW = datetime.now(UTC)
 SOME_ID = uuid4()
 PAGE: dict[str, Any] = {
     "statuses": None, "queues": None, "actors": None, "tags": None, "parent_id": None, "created_after": None,
-    "created_before": None, "readable": None, "allowed": None, "uncancelled": False, "after_at": None, "after_id": None, "limit": 51,
+    "created_before": None, "readable": None, "allowed": None, "uncancelled": False, "after_at": None,
+    "after_id": None, "limit": 51,
 }
 CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("job list, no filter", "job_page", PAGE),
