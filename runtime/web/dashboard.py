@@ -315,7 +315,8 @@ async def bulk(request: Request, who: Principal) -> Response:
     reason = str(form.get("reason", "")).strip() or None
     backend = await st.backend()
     if form.get("confirm") != "yes":
-        preview = await reads.job_page(backend, who, query | {"limit": [str(min(limit, reads.MAX_PAGE))]})
+        preview = await reads.job_page(backend, who, query | {"limit": [str(min(limit, reads.MAX_PAGE))]},
+                                       action=f"jobs:{verb}")
         return render(request, "confirm.html", who, verb=verb, filters=filters, limit=limit, reason=reason,
                       preview=preview.rows, more=preview.next_after is not None)
     body = {"filter": filters, "limit": limit, "reason": reason}

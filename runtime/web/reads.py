@@ -133,13 +133,18 @@ def page_limit(query: Mapping[str, Sequence[str]]) -> int:
     return n
 
 
-async def job_page(backend: Backend, who: Principal, query: Mapping[str, Sequence[str]]) -> JobPage:
+async def job_page(backend: Backend, who: Principal, query: Mapping[str, Sequence[str]], *,
+                   action: str | None = None) -> JobPage:
+    """One page of the jobs the caller may read (and, with `action`, act on: a bulk action's preview)."""
     if not who.may("jobs:read"):
         raise forbidden("jobs:read", None)
+    if action is not None and not who.may(action):
+        raise forbidden(action, None)
     params = parse_filter(query)
     cursor = query.get("cursor", ())
     after = decode_cursor(cursor[-1]) if cursor and cursor[-1] else None
-    params |= {"readable": who.readable("jobs:read"), "allowed": None, "uncancelled": False,
+    params |= {"readable": who.readable("jobs:read"), "allowed": who.readable(action) if action else None,
+               "uncancelled": False,
                "after_at": after[0] if after else None, "after_id": after[1] if after else None}
     return await web_store.job_page(backend, params, page_limit(query))
 
