@@ -282,7 +282,7 @@ async def cancel_job(request: Request) -> Response:
     response = outcome_response(request, outcome)
     if outcome.status == 202:
         # a path, not a URL: built from nothing the client sent (its Host)
-        base = str(request.scope.get("root_path", "")).rstrip("/")
+        base = str(request.scope.get("app_root_path", "")).rstrip("/")
         response.headers["Location"] = base + str(request.app.url_path_for("get_job", job_id=str(job_id)))
     return response
 

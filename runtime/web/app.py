@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from taskq.actors.declaration import ActorRegistry
 from taskq.backend import Backend
+from taskq.exceptions import ConfigurationError
 from taskq.web import api, dashboard
 from taskq.web.guard import AccessLog, Guard
 from taskq.web.state import WebConfig, WebState
@@ -75,6 +76,8 @@ def create_app(
     `allowed_origins`: origins whose pages may write besides its own (see WebConfig)."""
     cfg = config or WebConfig(dsn=dsn, auth=auth, registry=registry)
     if allowed_hosts or allowed_origins:
+        if isinstance(allowed_hosts, str) or isinstance(allowed_origins, str):
+            raise ConfigurationError("allowed_hosts and allowed_origins are lists of names, not one string")
         cfg = dataclasses.replace(cfg, allowed_hosts=(*cfg.allowed_hosts, *allowed_hosts),
                                   allowed_origins=(*cfg.allowed_origins, *allowed_origins))
     st = WebState(cfg, backend_given=backend)

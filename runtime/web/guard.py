@@ -212,8 +212,7 @@ async def _answer(scope: Scope, send: Send, problem: Problem) -> None:
     body = json.dumps(problem.body(instance=str(scope.get("path", "")))).encode()
     scope["taskq.refused"] = problem.code
     await send({"type": "http.response.start", "status": problem.status,
-                "headers": [(b"content-type", PROBLEM_TYPE.encode()), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+                "headers": [(b"content-type", PROBLEM_TYPE.encode()), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -231,6 +230,7 @@ class AccessLog:
         t0 = time.perf_counter()
         status = 500
         ensure_request_id(scope)
+        root = str(scope.get("root_path", ""))  # routing appends the mount prefixes to it
 
         async def seen(message: Message) -> None:
             nonlocal status
@@ -241,20 +241,20 @@ class AccessLog:
         try:
             await self.app(scope, receive, seen)
         finally:
-            self.write(scope, status, time.perf_counter() - t0)
+            self.write(scope, root, status, time.perf_counter() - t0)
 
     @staticmethod
-    def write(scope: Scope, status: int, seconds: float) -> None:
-        route = scope.get("route")
-        template = getattr(route, "path", None)
-        path = route_path(scope)
-        if template is not None and path.startswith(API_PREFIX):
-            template = API_PREFIX + template
-        where = template or (path if status != 404 else "(unmatched)")
+    def write(scope: Scope, root: str, status: int, seconds: float) -> None:
+        template = getattr(scope.get("route"), "path", None)
+        if template is not None:
+            # the route's own pattern (never the client's text), behind the prefixes of the mounts inside us
+            where = str(scope.get("root_path", ""))[len(root):] + template
+        else:
+            where = "(unmatched)"
         who = str(scope.get("taskq.principal", "-"))
         rid = str(scope.get("taskq.request_id", "-"))
         client = scope.get("client")
-        address = f"{client[0]}" if client else "-"
+        address = str(client[0]) if client else "-"
         fields: dict[str, Any] = {"principal": who, "method": scope["method"], "route": where, "status": status,
                                   "request_id": rid, "duration_ms": round(seconds * 1000, 1), "client": address}
         level = logging.WARNING if status in (401, 403) else logging.INFO

@@ -4,6 +4,7 @@ mounted in a host application that does not run its lifespan), the token cache a
 from __future__ import annotations
 
 import asyncio
+import math
 import secrets
 import time
 from collections import OrderedDict
@@ -14,6 +15,7 @@ from taskq.actors.declaration import ActorRegistry
 from taskq.backend import Backend, transaction_pooler_from_env
 from taskq.backend.bounded import open_bounded
 from taskq.dsn import resolve_dsn
+from taskq.exceptions import ConfigurationError
 from taskq.ops.tokens import ANONYMOUS, Principal, authenticate, hash_token
 from taskq.web.guard import DEFAULT_ALLOWED_HOSTS
 
@@ -61,6 +63,21 @@ class WebConfig:
     pool_size: int = DEFAULT_POOL_SIZE
     statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT
     idle_in_transaction_timeout: float = DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT
+
+    def __post_init__(self) -> None:
+        for name in ("statement_timeout", "idle_in_transaction_timeout", "poll_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+                raise ConfigurationError(f"WebConfig.{name} must be a positive number of seconds, got {value!r}")
+        for name in ("pool_size", "max_body_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigurationError(f"WebConfig.{name} must be a positive integer, got {value!r}")
+        for name in ("allowed_hosts", "allowed_origins"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not all(isinstance(v, str) and v.strip() for v in value):
+                raise ConfigurationError(f"WebConfig.{name} must be a list of names, got {value!r}")
+            setattr(self, name, tuple(value))
 
 
 @dataclass
