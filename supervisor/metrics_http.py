@@ -191,10 +191,11 @@ class Readiness:
             self.pinger.close()
 
 
-def _handler(metrics_dir: str, readiness: Readiness, board: HealthBoard) -> type[BaseHTTPRequestHandler]:
+def _handler(metrics_dir: str, readiness: Readiness, board: HealthBoard,
+             handler_timeout: float) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "taskq"
-        timeout = HANDLER_TIMEOUT
+        timeout = handler_timeout
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
@@ -241,11 +242,13 @@ class BoundedHTTPServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, sock: socket.socket, handler: type[BaseHTTPRequestHandler], max_handlers: int) -> None:
+    def __init__(self, sock: socket.socket, handler: type[BaseHTTPRequestHandler], max_handlers: int,
+                 readiness: Readiness) -> None:
         super().__init__(sock.getsockname()[:2], handler, bind_and_activate=False)
         self.socket.close()
         self.socket = sock
         self.slots = threading.BoundedSemaphore(max_handlers)
+        self.readiness = readiness
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self.slots.acquire(blocking=False):
@@ -270,9 +273,11 @@ class BoundedHTTPServer(ThreadingHTTPServer):
 
 
 def metrics_server(sock: socket.socket, *, metrics_dir: str, dsn: str, board: HealthBoard,
-                   max_handlers: int = MAX_HANDLERS) -> BoundedHTTPServer:
+                   max_handlers: int = MAX_HANDLERS, handler_timeout: float = HANDLER_TIMEOUT) -> BoundedHTTPServer:
     """The helper's HTTP server on the bound, listening `sock` (serve_forever to run it)."""
-    return BoundedHTTPServer(sock, _handler(metrics_dir, Readiness(dsn), board), max_handlers)
+    readiness = Readiness(dsn)
+    return BoundedHTTPServer(sock, _handler(metrics_dir, readiness, board, handler_timeout), max_handlers,
+                             readiness)
 
 
 class MetricsHelper:
