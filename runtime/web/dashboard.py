@@ -100,6 +100,7 @@ def page(fn: Page) -> Callable[[Request], Awaitable[Response]]:
             return render(request, "error.html", None, status=503, status_code=503, message=UNAVAILABLE_TEXT)
         if who is None:
             return RedirectResponse(f"{base_of(request)}/login?{urlencode({'next': request.url.path})}", 303)
+        request.scope["taskq.principal"] = who.name  # for the access log
         try:
             if request.method == "POST":
                 await check_csrf(request)

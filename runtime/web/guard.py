@@ -27,7 +27,7 @@ from starlette.datastructures import FormData, Headers
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from taskq.web.problems import PROBLEM_TYPE, Problem, problem_body
+from taskq.web.problems import PROBLEM_TYPE, Problem
 
 DEFAULT_ALLOWED_HOSTS: tuple[str, ...] = ("localhost", "127.0.0.1", "[::1]")
 """The names a web app answers to unless told others: the loopback ones, on any port."""

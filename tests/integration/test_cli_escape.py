@@ -29,6 +29,6 @@ def test_jobs_and_job_escape_control_characters_in_every_cell(dsn: str) -> None:
     detail = taskq(dsn, "job", str(row[0]))
     as_json = taskq(dsn, "job", str(row[0]), "--json")
     for out in (listed, detail, as_json):
-        assert not any(ord(ch) < 0x20 and ch != "\n" or 0x7F <= ord(ch) < 0xA0 for ch in out), repr(out)
+        assert not any((ord(ch) < 0x20 and ch != "\n") or 0x7F <= ord(ch) < 0xA0 for ch in out), repr(out)
     assert "evil\\x1b[2J\\x1b]0;pwned\\x07\\x1b[31mFAKE" in listed
     assert "\\x1b[8mhidden" in detail and "boom\\x1b[2K\\x9b31m" in detail

@@ -17,8 +17,8 @@ from uuid import UUID
 import httpx
 import psycopg
 import pytest
-from testkit import query
 from starlette.applications import Starlette
+from testkit import query
 
 from taskq.backend import Backend
 from taskq.ops.tokens import create_token
@@ -94,7 +94,8 @@ async def test_cross_site_writes_are_refused_with_auth_off(dsn: str) -> None:
         text = await c.post("/api/v1/jobs:cancel", content=body, headers={"Content-Type": "text/plain"})
         assert text.status_code == 415 and "application/json" in text.json()["detail"]
         assert status_of(dsn, job) == "pending"
-        assert query(dsn, "SELECT count(*) FROM taskq.queues WHERE name = 'guarded' AND paused_at IS NOT NULL") == [(0,)]
+        paused = "SELECT count(*) FROM taskq.queues WHERE name = 'guarded' AND paused_at IS NOT NULL"
+        assert query(dsn, paused) == [(0,)]
         own = await c.post("/api/v1/jobs:cancel", content=body,
                            headers={"Content-Type": "application/json; charset=utf-8", "Origin": ORIGIN,
                                     "Sec-Fetch-Site": "same-origin"})

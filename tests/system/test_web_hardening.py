@@ -4,6 +4,7 @@ and `--allowed-host` adds a Host name while any other is refused."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -64,9 +65,9 @@ async def _token(dsn: str, name: str) -> str:
         await backend.close()
 
 
-async def test_a_dsn_on_the_command_line_leaves_ps_and_each_request_writes_one_access_line(
+def test_a_dsn_on_the_command_line_leaves_ps_and_each_request_writes_one_access_line(
         dsn: str, tmp_path: Path) -> None:
-    token = await _token(dsn, "hardening")
+    token = asyncio.run(_token(dsn, "hardening"))
     secret_dsn = make_conninfo(dsn, password=PASSWORD)
     log_path = tmp_path / "web.log"
     with taskq_web(["--dsn", secret_dsn, "--allowed-host", "ops.example.com", "--log-format", "json"],
@@ -104,8 +105,8 @@ async def test_a_dsn_on_the_command_line_leaves_ps_and_each_request_writes_one_a
     assert [d["status"] for d in lines if d["route"] == "(unmatched)"] == [400]
 
 
-async def test_dsn_file_serves_without_the_dsn_anywhere_in_the_process(dsn: str, tmp_path: Path) -> None:
-    token = await _token(dsn, "filed")
+def test_dsn_file_serves_without_the_dsn_anywhere_in_the_process(dsn: str, tmp_path: Path) -> None:
+    token = asyncio.run(_token(dsn, "filed"))
     dsn_file = tmp_path / "dsn"
     dsn_file.write_text(make_conninfo(dsn, password=PASSWORD) + "\n")
     dsn_file.chmod(0o600)
