@@ -9,8 +9,8 @@ client gets it next, and is missing from the others; PgBouncer refuses a startup
 with `ignore_startup_parameters = options` it silently drops it. A `SET LOCAL` travels with the
 transaction it bounds, on any server connection, and leaks to no other client.
 
-A statement the timeout cancels raises `StatementTimeout` (a `DatabaseUnavailable`: the caller answers
-"try again later", as for an outage).
+A statement the timeout cancels raises `taskq.exceptions.StatementTimeout` (a `DatabaseUnavailable`: the
+caller answers "try again later", as for an outage).
 """
 
 from __future__ import annotations
@@ -28,13 +28,9 @@ from psycopg_pool import AsyncConnectionPool
 from taskq import sql
 from taskq.backend._conn import connect_error, connection_kwargs
 from taskq.backend.core import Backend, check_schema
-from taskq.exceptions import DatabaseUnavailable
+from taskq.exceptions import StatementTimeout
 
-__all__ = ["StatementTimeout", "open_bounded"]
-
-
-class StatementTimeout(DatabaseUnavailable):
-    """A statement ran longer than the pool's statement timeout and PostgreSQL cancelled it."""
+__all__ = ["BoundedPool", "open_bounded"]
 
 
 class BoundedPool(AsyncConnectionPool[AsyncConnection[Any]]):

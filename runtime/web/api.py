@@ -16,9 +16,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from taskq.actors.declaration import default_registry
-from taskq.backend.bounded import StatementTimeout
 from taskq.enqueue import DEFAULT_MAX_PAYLOAD_BYTES, prepare_insert
-from taskq.exceptions import ConfigurationError, DatabaseUnavailable, PayloadInvalid
+from taskq.exceptions import ConfigurationError, DatabaseUnavailable, PayloadInvalid, StatementTimeout
 from taskq.ops.queues import check_queue_name
 from taskq.ops.tokens import Principal
 from taskq.web import actions, reads

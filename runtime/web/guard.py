@@ -58,11 +58,10 @@ def ensure_request_id(scope: Scope) -> str:
     return str(rid)
 
 
-class BodyTooLarge(Problem):
-    """More of a body arrived than `max_body_bytes`: raised from the body's stream, answered 413."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(413, "TOO_LARGE", f"the body is larger than {limit} bytes")
+def too_large(limit: int) -> Problem:
+    """More of a body than `max_body_bytes`: raised from the body's stream (answered 413 by the handler
+    reading it, or by Guard) or answered at once for its Content-Length."""
+    return Problem(413, "TOO_LARGE", f"the body is larger than {limit} bytes")
 
 
 def route_path(scope: Scope) -> str:
@@ -154,12 +153,12 @@ class Guard:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.limit:
-                    raise BodyTooLarge(self.limit)
+                    raise too_large(self.limit)
             return message
 
         try:
             await self.app(scope, limited, counted)
-        except BodyTooLarge as exc:  # raised where no handler of the app turned it into its answer
+        except Problem as exc:  # the body's limit, raised where no handler turned it into its answer
             if started:
                 raise
             await _answer(scope, send, exc)
@@ -173,7 +172,7 @@ class Guard:
                            f"`taskq web --allowed-host {name}` (or create_app(allowed_hosts=[...]))")
         declared = headers.get("content-length")
         if declared is not None and declared.strip().isdigit() and int(declared) > self.limit:
-            return BodyTooLarge(self.limit)
+            return too_large(self.limit)
         if scope["method"] not in WRITE_METHODS:
             return None
         site = headers.get("sec-fetch-site")
