@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, unquote_plus, urlsplit, urlunsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -35,7 +35,8 @@ def resolve_dsn(dsn: str | None = None) -> str:
 
 
 def redact_dsn(dsn: str) -> str:
-    """The DSN without any password, safe to print or log."""
+    """The DSN without any secret, safe to print or log: the URL's password, and every parameter whose
+    name contains `password` (`password`, `sslpassword`, ...), however its name is percent-encoded."""
     if "://" in dsn:
         try:
             parts = urlsplit(dsn)
@@ -45,14 +46,17 @@ def redact_dsn(dsn: str) -> str:
         if "@" in netloc:
             userinfo, host = netloc.rsplit("@", 1)
             netloc = f"{userinfo.split(':', 1)[0]}@{host}"
-        query = "&".join(p for p in parts.query.split("&") if not p.lower().startswith("password="))
+        query = "&".join(p for p in parts.query.split("&") if not _secret_name(unquote_plus(p.split("=", 1)[0])))
         return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
     try:
         params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
         return "<unparseable DSN>"
-    params.pop("password", None)
-    return make_conninfo(**{k: str(v) for k, v in params.items()})
+    return make_conninfo(**{k: str(v) for k, v in params.items() if not _secret_name(k)})
+
+
+def _secret_name(name: str) -> bool:
+    return "password" in name.strip().lower()
 
 
 _URL_USERINFO = re.compile(

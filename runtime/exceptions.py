@@ -36,6 +36,11 @@ class DatabaseUnavailable(TaskqError, ConnectionError):
     """PostgreSQL could not be reached or refused the credentials. The DSN's password is never included."""
 
 
+class StatementTimeout(DatabaseUnavailable):
+    """A statement ran past the statement timeout of its connection pool (the web server's) and PostgreSQL
+    cancelled it: the server is reachable but too slow for now."""
+
+
 class ConnectionUnusable(ConfigurationError):
     """The connection given as `enqueue(..., connection=)` cannot take the job: not a connection of the
     client's kind (sync for SyncJobsClient, async for JobsClient), closed, in a failed transaction, or to

@@ -44,6 +44,9 @@ class JsonFormatter(logging.Formatter):
             value = record.__dict__.get(name)
             if value is not None:
                 doc[name] = value
+        fields = record.__dict__.get("fields")
+        if isinstance(fields, dict):  # a record's structured fields (the web's access lines)
+            doc |= fields
         doc |= tracing.trace_ids()
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)

@@ -43,6 +43,13 @@ ENV_OWNED = "TASKQ_SUPERVISOR_METRICS_DIR"
 TEXT = "text/plain; charset=utf-8"
 HEALTH_STALE_AFTER = 10.0
 """Seconds without a health update from the supervisor before /healthz says the supervisor is stuck."""
+READY_CACHE_SECONDS = 1.0
+"""/readyz asks the database at most this often; the requests in between get the last verdict."""
+MAX_HANDLERS = 8
+"""Requests served at once; one more is answered 503 at once, without a thread."""
+HANDLER_TIMEOUT = 10.0
+"""Seconds a connection may stay silent (a slow client) before its handler gives up on it."""
+UNREACHABLE = "database unreachable\n"
 
 
 # -- the multiprocess directory ---------------------------------------------------------------------
@@ -152,11 +159,43 @@ class HealthBoard:
         return bool(state.get("healthy")), str(state.get("reason", ""))
 
 
-def _handler(metrics_dir: str, dsn: str, board: HealthBoard) -> type[BaseHTTPRequestHandler]:
-    from taskq.backend.supervisor import ping
+class Readiness:
+    """The /readyz verdict: computed on one reused database connection (taskq.backend.supervisor.Pinger)
+    at most once per READY_CACHE_SECONDS, whatever the number of requests. Thread-safe."""
 
+    def __init__(self, dsn: str, cache_seconds: float = READY_CACHE_SECONDS) -> None:
+        from taskq.backend.supervisor import Pinger
+
+        self.pinger = Pinger(dsn)
+        self.cache_seconds = cache_seconds
+        self.lock = threading.Lock()
+        self.checked_at: float | None = None
+        self.ready = False
+
+    def verdict(self) -> bool:
+        with self.lock:
+            now = time.monotonic()
+            if self.checked_at is None or now - self.checked_at >= self.cache_seconds:
+                try:
+                    self.pinger.ping()
+                    self.ready = True
+                except Exception as exc:  # its message names the server, never the password: the log only
+                    if self.ready or self.checked_at is None:
+                        log.warning("readyz: %s", exc)
+                    self.ready = False
+                self.checked_at = time.monotonic()
+            return self.ready
+
+    def close(self) -> None:
+        with self.lock:
+            self.pinger.close()
+
+
+def _handler(metrics_dir: str, readiness: Readiness, board: HealthBoard,
+             handler_timeout: float) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "taskq"
+        timeout = handler_timeout
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
@@ -173,12 +212,10 @@ def _handler(metrics_dir: str, dsn: str, board: HealthBoard) -> type[BaseHTTPReq
                 healthy, reason = board.verdict()
                 self._reply(200 if healthy else 503, (reason or ("ok" if healthy else "unhealthy")) + "\n")
             elif path == "/readyz":
-                try:
-                    ping(dsn)
-                except Exception as exc:  # the message never carries the password (connect_error)
-                    self._reply(503, f"{exc}\n")
-                    return
-                self._reply(200, "ok\n")
+                if readiness.verdict():
+                    self._reply(200, "ok\n")
+                else:
+                    self._reply(503, UNREACHABLE)
             else:
                 self._reply(404, "not found: try /metrics, /healthz or /readyz\n")
 
@@ -194,6 +231,53 @@ def _handler(metrics_dir: str, dsn: str, board: HealthBoard) -> type[BaseHTTPReq
             log.debug("%s " + format, self.address_string(), *args)
 
     return Handler
+
+
+_BUSY = (b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+         b"Content-Length: 5\r\nConnection: close\r\n\r\nbusy\n")
+
+
+class BoundedHTTPServer(ThreadingHTTPServer):
+    """A thread per request, at most `max_handlers` at once; past that, 503 without a thread."""
+
+    daemon_threads = True
+
+    def __init__(self, sock: socket.socket, handler: type[BaseHTTPRequestHandler], max_handlers: int,
+                 readiness: Readiness) -> None:
+        super().__init__(sock.getsockname()[:2], handler, bind_and_activate=False)
+        self.socket.close()
+        self.socket = sock
+        self.slots = threading.BoundedSemaphore(max_handlers)
+        self.readiness = readiness
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            try:
+                request.settimeout(1.0)
+                request.sendall(_BUSY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+
+def metrics_server(sock: socket.socket, *, metrics_dir: str, dsn: str, board: HealthBoard,
+                   max_handlers: int = MAX_HANDLERS, handler_timeout: float = HANDLER_TIMEOUT) -> BoundedHTTPServer:
+    """The helper's HTTP server on the bound, listening `sock` (serve_forever to run it)."""
+    readiness = Readiness(dsn)
+    return BoundedHTTPServer(sock, _handler(metrics_dir, readiness, board, handler_timeout), max_handlers,
+                             readiness)
 
 
 class MetricsHelper:
@@ -247,11 +331,7 @@ class MetricsHelper:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
         board = HealthBoard()
         threading.Thread(target=board.follow, args=(health_r,), name="taskq-health", daemon=True).start()
-        server = ThreadingHTTPServer(self.sock.getsockname()[:2], _handler(self.metrics_dir, self.dsn, board),
-                                     bind_and_activate=False)
-        server.socket.close()
-        server.socket = self.sock
-        server.daemon_threads = True
+        server = metrics_server(self.sock, metrics_dir=self.metrics_dir, dsn=self.dsn, board=board)
         server.serve_forever(poll_interval=1.0)
 
     def publish(self, state: dict[str, Any]) -> None:

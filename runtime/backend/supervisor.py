@@ -56,3 +56,36 @@ def ping(dsn: str) -> None:
             conn.execute(sql.query("supervisor_ping")).fetchone()
     except psycopg.Error as exc:
         raise connect_error(dsn, exc) from None
+
+
+class Pinger:
+    """Readiness checks on one connection kept between them (a reconnect only after a failure), each
+    bounded in time: connect_timeout, then statement and lock timeouts in its transaction. Not
+    thread-safe: the caller serialises the calls."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.conn: psycopg.Connection[tuple[object, ...]] | None = None
+
+    def ping(self) -> None:
+        """SELECT 1; raises DatabaseUnavailable (message without the password) when it cannot."""
+        try:
+            if self.conn is None or self.conn.closed:
+                self.conn = _connect(self.dsn, autocommit=True)
+            with self.conn.transaction():
+                self.conn.execute(sql.query("supervisor_tx_timeouts"), {"ms": STATEMENT_TIMEOUT_MS})
+                self.conn.execute(sql.query("supervisor_ping")).fetchone()
+        except psycopg.Error as exc:
+            self.close()
+            raise connect_error(self.dsn, exc) from None
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except psycopg.Error:
+                pass
+            self.conn = None

@@ -115,7 +115,7 @@ def cmd_job(args: argparse.Namespace) -> int:
                                      "dependencies": cli_dependencies.to_plain(edges), "waiting": waiting}))
         else:
             emit(cli_output.job_detail(handle.row, events, attempts, waiting=waiting) + "\n\n"
-                 + cli_dependencies.section(edges))
+                 + cli_output.printable(cli_dependencies.section(edges), newlines=True))
         return ExitCode.OK
 
     return with_client(args, body)

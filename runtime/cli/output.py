@@ -26,10 +26,23 @@ from taskq.models import (
 MAX_CELL = 48
 NONE = "-"
 
+_CONTROLS = [*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0)]
+_ESCAPED = {c: f"\\x{c:02x}" for c in _CONTROLS}
+_ESCAPED_KEEP_NEWLINES = {c: e for c, e in _ESCAPED.items() if c != 0x0A}
+_JSON_C1 = {c: f"\\u{c:04x}" for c in range(0x80, 0xA0)}
+
+
+def printable(text: str, *, newlines: bool = False) -> str:
+    """`text` with every C0 and C1 control character (ESC, BEL, CSI...) and DEL shown as `\\xNN`, so names
+    and messages written by anyone cannot drive the terminal (clear it, retitle it, hide or recolour
+    text). `newlines`: keep line breaks (multi-line output)."""
+    return text.translate(_ESCAPED_KEEP_NEWLINES if newlines else _ESCAPED)
+
 
 def to_json(value: BaseModel | Sequence[BaseModel] | dict[str, Any]) -> str:
     """Models as indented JSON, the shape `model_dump(mode="json")` gives (UUIDs and times as strings)."""
-    return json.dumps(_plain(value), indent=2, ensure_ascii=False)
+    # json escapes C0 controls itself; C1 ones (CSI is one) pass through ensure_ascii=False
+    return json.dumps(_plain(value), indent=2, ensure_ascii=False).translate(_JSON_C1)
 
 
 def _plain(value: Any) -> Any:
@@ -52,7 +65,7 @@ def when(value: datetime | None, *, precise: bool = False) -> str:
 
 
 def _cell(value: object, *, cut: bool = True) -> str:
-    text = NONE if value is None or value == "" else " ".join(str(value).split())
+    text = NONE if value is None or value == "" else " ".join(printable(str(value)).split())
     return text if not cut or len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
 
 
@@ -149,7 +162,7 @@ def job_detail(row: JobRow, events: Sequence[JobEvent], attempts: Sequence[JobAt
         ("progress", _compact(row.progress)),
     ]
     width = max(len(name) for name, _ in fields)
-    lines = [f"{name.ljust(width)}  {value}" for name, value in fields]
+    lines = [f"{name.ljust(width)}  {printable(value)}" for name, value in fields]
     lines.append("(times in UTC)")
     lines.append("")
     lines.append(f"events ({len(events)})")
@@ -249,4 +262,5 @@ def bulk_requeue_summary(result: BulkRequeueResult) -> str:
 def pause_line(name: str, paused: bool, changed: bool) -> str:
     """What a pause or resume of a queue or a schedule did: `mail: paused`, `mail: already resumed`."""
     verb = "paused" if paused else "resumed"
+    name = printable(name)
     return f"{name}: {verb}" if changed else f"{name}: already {verb}"

@@ -3,6 +3,10 @@
 Registered in `taskq.cli.COMMANDS` through `commands()`. Needs the extra `taskq[web]`; without it the
 command says so in one line (exit 8). Auth is on (bearer tokens, `taskq tokens create`); `--no-auth`
 serves everyone with every grant and is refused on any host but loopback (exit 2).
+
+The DSN comes from `--dsn-file`, TASKQ_DSN or `--dsn`; the process retitles itself at once, so a `--dsn`
+typed on the command line does not stay in `ps` (/proc/PID/cmdline). Each request writes one line to
+the logger `taskq.web.access` (`--log-format json` for JSON lines).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ipaddress
+import os
 import sys
 
 from taskq.cli._base import Command, arg, dsn_of
@@ -18,6 +23,13 @@ from taskq.cli.args import int_arg, seconds_arg
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
 WEB_HINT = "pip install 'taskq[web]'"
+ALLOWED_HOSTS_ENV = "TASKQ_WEB_ALLOWED_HOSTS"
+"""Comma-separated names added to --allowed-host (so `taskq run --web-port` passes them to its child)."""
+WILDCARD_BINDS = frozenset({"", "0.0.0.0", "::", "[::]"})
+MAX_POOL_SIZE = 100
+DEFAULT_POOL_SIZE = 8
+"""WebConfig's defaults (taskq.web.state, not imported here: it needs the web extra)."""
+DEFAULT_STATEMENT_TIMEOUT = 5.0
 
 
 def is_loopback(host: str) -> bool:
@@ -51,12 +63,78 @@ async def _probe(dsn: str, auth: bool) -> int:
         await backend.close()
 
 
-def cmd_web(args: argparse.Namespace) -> int:
-    from taskq.exceptions import MissingExtra
-    from taskq.exitcodes import ExitCode
+def host_arg(text: str) -> str:
+    """An --allowed-host: a host name, an IP address (IPv6 with or without brackets), `.domain` for a
+    domain and its subdomains, or `*` for any."""
+    name = text.strip().lower()
+    if name == "*":
+        return name
+    bare = name.removeprefix(".")
+    if bare.startswith("[") and bare.endswith("]"):
+        bare = bare[1:-1]
+    try:
+        ipaddress.ip_address(bare)
+        return name
+    except ValueError:
+        pass
+    labels = bare.split(".")
+    if not bare or len(bare) > 253 or not all(
+            label and len(label) <= 63 and label.replace("-", "").replace("_", "").isalnum() and label.isascii()
+            for label in labels):
+        raise argparse.ArgumentTypeError(
+            f"not a host name or IP address: {text!r} (a name such as ops.example.com, .example.com for a "
+            "domain and its subdomains, an address, or * for any)")
+    return name
 
+
+def allowed_hosts(args: argparse.Namespace) -> tuple[str, ...]:
+    """The loopback names, --allowed-host, TASKQ_WEB_ALLOWED_HOSTS and the bind address (unless a wildcard)."""
+    from taskq.exceptions import UsageError
+    from taskq.web.guard import DEFAULT_ALLOWED_HOSTS
+
+    names = list(DEFAULT_ALLOWED_HOSTS) + list(args.allowed_host or [])
+    for item in os.environ.get(ALLOWED_HOSTS_ENV, "").split(","):
+        if item.strip():
+            try:
+                names.append(host_arg(item))
+            except argparse.ArgumentTypeError as exc:
+                raise UsageError(f"{ALLOWED_HOSTS_ENV}: {exc}") from None
+    if args.host.strip().lower() not in WILDCARD_BINDS:
+        names.append(args.host.strip().lower())
+    return tuple(dict.fromkeys(names))
+
+
+def read_dsn_file(path: str) -> str:
+    from taskq.exceptions import UsageError
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise UsageError(f"--dsn-file {path}: cannot read it ({reason})") from None
+    dsn = text.strip()
+    if not dsn or "\n" in dsn:
+        raise UsageError(f"--dsn-file {path}: expected one line holding the DSN")
+    return dsn
+
+
+def cmd_web(args: argparse.Namespace) -> int:
+    import setproctitle
+
+    from taskq.exceptions import MissingExtra, UsageError
+    from taskq.exitcodes import ExitCode
+    from taskq.logs import configure_logging
+
+    # before anything slow: a --dsn on argv leaves `ps` at once
+    setproctitle.setproctitle(f"taskq web [{args.host}:{args.port}]")
     auth = not args.no_auth
     check_bind(args.host, auth)
+    if args.dsn_file is not None:
+        if getattr(args, "dsn", None):
+            raise UsageError("give the DSN once: --dsn or --dsn-file, not both")
+        args.dsn = read_dsn_file(args.dsn_file)
+    hosts = allowed_hosts(args)
     try:
         import uvicorn
 
@@ -70,11 +148,14 @@ def cmd_web(args: argparse.Namespace) -> int:
               file=sys.stderr)
     config = WebConfig(dsn=dsn, auth=auth, poll_seconds=args.poll_interval,
                        cancellation_grace_period=args.cancellation_grace_period,
-                       cleanup_grace_period=args.cleanup_grace_period, secure_cookies=args.secure_cookies)
+                       cleanup_grace_period=args.cleanup_grace_period, secure_cookies=args.secure_cookies,
+                       allowed_hosts=hosts, pool_size=args.pool_size, statement_timeout=args.statement_timeout)
+    configure_logging(args.log_format)
     print(f"taskq: serving the dashboard on http://{args.host}:{args.port}/ and the API on /api/v1"
           + ("" if auth else " WITHOUT auth (loopback only)"), file=sys.stderr, flush=True)
+    # uvicorn's own access log stays off: taskq.web.access writes one line per request, with the principal
     uvicorn.run(create_app(config=config), host=args.host, port=args.port, log_level="warning",
-                lifespan="on", access_log=False)
+                lifespan="on", access_log=False, log_config=None)
     return ExitCode.OK
 
 
@@ -94,7 +175,20 @@ def commands() -> tuple[Command, ...]:
              arg("--cleanup-grace-period", type=seconds_arg, default=None, metavar="SECONDS",
                  help="likewise (default: TASKQ_CLEANUP_GRACE_PERIOD or the workers' default)"),
              arg("--secure-cookies", action="store_true",
-                 help="mark the session cookie Secure (behind an HTTPS proxy)")),
+                 help="mark the session cookie Secure (behind an HTTPS proxy)"),
+             arg("--allowed-host", action="append", type=host_arg, metavar="NAME",
+                 help="a name this server answers to in Host, besides localhost, 127.0.0.1, [::1] and the "
+                 "--host address (repeatable; also TASKQ_WEB_ALLOWED_HOSTS, comma-separated; .example.com "
+                 "for a domain and its subdomains; * turns the check off, for a proxy that checks Host)"),
+             arg("--pool-size", type=int_arg(1, MAX_POOL_SIZE), default=DEFAULT_POOL_SIZE, metavar="N",
+                 help=f"database connections of this server (default {DEFAULT_POOL_SIZE})"),
+             arg("--statement-timeout", type=seconds_arg, default=DEFAULT_STATEMENT_TIMEOUT, metavar="SECONDS",
+                 help=f"longest a statement may run before it is cancelled and the request answers 503 (default "
+                 f"{DEFAULT_STATEMENT_TIMEOUT:g})"),
+             arg("--dsn-file", default=None, metavar="PATH",
+                 help="read the DSN from this file (one line), so it shows in no command line or environment"),
+             arg("--log-format", choices=("text", "json"), default="text",
+                 help="log lines, the access log included, as text or JSON (default text)")),
             description="Auth: bearer tokens (`taskq tokens create NAME --grant ACTION@QUEUES`), also the "
             "dashboard's login. Exit codes: 0 stopped, 2 bad arguments or --no-auth off loopback, 3 database "
             "unreachable, 5 schema not ready, 8 the web extra is not installed.",

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,21 +17,27 @@ from starlette.routing import BaseRoute, Route
 
 from taskq.actors.declaration import default_registry
 from taskq.enqueue import DEFAULT_MAX_PAYLOAD_BYTES, prepare_insert
-from taskq.exceptions import ConfigurationError, DatabaseUnavailable, PayloadInvalid
+from taskq.exceptions import ConfigurationError, DatabaseUnavailable, PayloadInvalid, StatementTimeout
 from taskq.ops.queues import check_queue_name
 from taskq.ops.tokens import Principal
 from taskq.web import actions, reads
 from taskq.web.actions import Caller, Outcome
 from taskq.web.bodies import BulkBody, CancelBody, EnqueueBody, LimitBody, M, QueueBody, RequeueBody
+from taskq.web.guard import ensure_request_id
 from taskq.web.openapi import schema
 from taskq.web.problems import PROBLEM_TYPE, Problem, bad_request, forbidden, problem_body
 from taskq.web.state import WebState
 
 log = logging.getLogger("taskq.web")
 
-_REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,200}$")
 _KEY = re.compile(r'^"?([\x21\x23-\x7e]{1,255})"?$')
 _IF_MATCH = re.compile(r'^(?:W/)?"?(\d{1,18})"?$')
+
+
+UNAVAILABLE_TEXT = "the database is unavailable; try again later"
+"""What a client is told while the database cannot be reached (the details go to the server's log)."""
+STATEMENT_TIMEOUT_TEXT = "the database did not answer in time (statement timeout); try again later"
+DEEP_TEXT = "the body nests too deeply"
 
 
 # -- plumbing ------------------------------------------------------------------------------------------
@@ -43,12 +48,7 @@ def state_of(request: Request) -> WebState:
 
 
 def request_id(request: Request) -> str:
-    rid = request.scope.get("taskq.request_id")
-    if rid is None:
-        given = request.headers.get("x-request-id", "")
-        rid = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
-        request.scope["taskq.request_id"] = rid
-    return str(rid)
+    return ensure_request_id(request.scope)
 
 
 def problem_response(request: Request, problem: Problem) -> JSONResponse:
@@ -87,8 +87,14 @@ def endpoint(fn: Handler) -> Handler:
             return problem_response(request, problem)
         except (ConfigurationError, PayloadInvalid) as exc:
             return problem_response(request, bad_request(str(exc)))
-        except DatabaseUnavailable as exc:
-            return problem_response(request, Problem(503, "UNAVAILABLE", str(exc)))
+        except StatementTimeout as exc:
+            log.warning("web: %s %s: %s", request.method, request.url.path, exc)
+            return problem_response(request, Problem(503, "UNAVAILABLE", STATEMENT_TIMEOUT_TEXT))
+        except DatabaseUnavailable as exc:  # its text names the server: for the log only
+            log.warning("web: %s %s: %s", request.method, request.url.path, exc)
+            return problem_response(request, Problem(503, "UNAVAILABLE", UNAVAILABLE_TEXT))
+        except RecursionError:
+            return problem_response(request, bad_request(DEEP_TEXT))
         except Exception:
             log.exception("web: %s %s failed", request.method, request.url.path)
             return problem_response(request, Problem(500, "INTERNAL", "internal error (see the server's log)"))
@@ -103,7 +109,9 @@ async def principal(request: Request) -> Principal:
     header = request.headers.get("authorization", "")
     scheme, _, raw = header.partition(" ")
     if not st.config.auth:
-        return await st.principal(None) or _never()
+        anonymous = await st.principal(None) or _never()
+        request.scope["taskq.principal"] = anonymous.name
+        return anonymous
     if not header:
         raise Problem(401, "UNAUTHENTICATED", "send Authorization: Bearer <token> (taskq tokens create)")
     if scheme.lower() != "bearer" or not raw.strip():
@@ -111,6 +119,7 @@ async def principal(request: Request) -> Principal:
     who = await st.principal(raw.strip())
     if who is None:
         raise Problem(401, "UNAUTHENTICATED", "unknown or revoked token")
+    request.scope["taskq.principal"] = who.name
     return who
 
 
@@ -138,6 +147,8 @@ async def json_body(request: Request) -> dict[str, Any]:
         body = json.loads(raw, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise bad_request(DEEP_TEXT) from None
     if not isinstance(body, dict):
         raise bad_request("the body must be a JSON object")
     return body
@@ -287,7 +298,9 @@ async def cancel_job(request: Request) -> Response:
         expected_revision=expected, request_fingerprint=fingerprint(request, _with_revision(body, expected)))
     response = outcome_response(request, outcome)
     if outcome.status == 202:
-        response.headers["Location"] = str(request.url_for("get_job", job_id=str(job_id)))
+        # a path, not a URL: built from nothing the client sent (its Host)
+        base = str(request.scope.get("app_root_path", "")).rstrip("/")
+        response.headers["Location"] = base + str(request.app.url_path_for("get_job", job_id=str(job_id)))
     return response
 
 

@@ -4,13 +4,17 @@ on its own (`taskq web`, `taskq run --web-port`) or be mounted in an existing AS
     from taskq.web import create_app
     app.mount("/taskq", create_app(dsn))        # Starlette / FastAPI
 
-Mounted, the host does not run this app's lifespan: the database pool opens on the first request.
+Mounted, the host does not run this app's lifespan: the database pool opens on the first request. The app
+answers only to the Host names it is told (loopback by default): mounted under another name, pass it,
+`create_app(dsn, allowed_hosts=["ops.example.com"])`, or `["*"]` when the host application or a proxy
+in front of it checks Host already.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import dataclasses
+from collections.abc import AsyncIterator, Sequence
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -20,7 +24,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from taskq.actors.declaration import ActorRegistry
 from taskq.backend import Backend
+from taskq.exceptions import ConfigurationError
 from taskq.web import api, dashboard
+from taskq.web.guard import AccessLog, Guard
 from taskq.web.state import WebConfig, WebState
 
 SECURITY_HEADERS = [
@@ -61,10 +67,19 @@ def create_app(
     auth: bool = True,
     registry: ActorRegistry | None = None,
     config: WebConfig | None = None,
+    allowed_hosts: Sequence[str] = (),
+    allowed_origins: Sequence[str] = (),
 ) -> Starlette:
     """The dashboard and API over `dsn` (None: TASKQ_DSN, else the embedded server) or an open `backend`.
-    `auth` False serves everyone with every grant: put it only behind loopback or your own auth."""
+    `auth` False serves everyone with every grant: put it only behind loopback or your own auth.
+    `allowed_hosts`: Host names it answers to besides the loopback ones (`"*"`: any);
+    `allowed_origins`: origins whose pages may write besides its own (see WebConfig)."""
     cfg = config or WebConfig(dsn=dsn, auth=auth, registry=registry)
+    if allowed_hosts or allowed_origins:
+        if isinstance(allowed_hosts, str) or isinstance(allowed_origins, str):
+            raise ConfigurationError("allowed_hosts and allowed_origins are lists of names, not one string")
+        cfg = dataclasses.replace(cfg, allowed_hosts=(*cfg.allowed_hosts, *allowed_hosts),
+                                  allowed_origins=(*cfg.allowed_origins, *allowed_origins))
     st = WebState(cfg, backend_given=backend)
 
     @contextlib.asynccontextmanager
@@ -84,7 +99,9 @@ def create_app(
             Mount("/static", app=static, name="static"),
             *dashboard.routes(),
         ],
-        middleware=[Middleware(SecurityHeaders)],
+        middleware=[Middleware(AccessLog), Middleware(SecurityHeaders),
+                    Middleware(Guard, allowed_hosts=cfg.allowed_hosts, allowed_origins=cfg.allowed_origins,
+                               max_body_bytes=cfg.max_body_bytes)],
         lifespan=lifespan,
     )
     app.state.taskq = st

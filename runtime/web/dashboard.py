@@ -32,8 +32,9 @@ from taskq.ops.tokens import Principal
 from taskq.web import actions, reads
 from taskq.web.actions import BULK_LIMIT, Caller, Outcome
 from taskq.web.api import _KEY as IDEMPOTENCY_KEY
-from taskq.web.api import state_of
+from taskq.web.api import UNAVAILABLE_TEXT, state_of
 from taskq.web.bodies import MAX_REVISION
+from taskq.web.guard import read_form
 from taskq.web.problems import Problem, forbidden
 from taskq.web.svg import sparkline
 
@@ -97,10 +98,11 @@ def page(fn: Page) -> Callable[[Request], Awaitable[Response]]:
         st = state_of(request)
         try:
             who = await st.principal(session_of(request) or None)
-        except DatabaseUnavailable as exc:
-            return render(request, "error.html", None, status=503, status_code=503, message=str(exc))
+        except DatabaseUnavailable:  # its text names the server: never shown to a client
+            return render(request, "error.html", None, status=503, status_code=503, message=UNAVAILABLE_TEXT)
         if who is None:
             return RedirectResponse(f"{base_of(request)}/login?{urlencode({'next': request.url.path})}", 303)
+        request.scope["taskq.principal"] = who.name  # for the access log
         try:
             if request.method == "POST":
                 await check_csrf(request)
@@ -109,8 +111,8 @@ def page(fn: Page) -> Callable[[Request], Awaitable[Response]]:
             return render(request, "error.html", who, status=p.status, status_code=p.status, message=p.detail)
         except (ConfigurationError, ValueError) as exc:
             return render(request, "error.html", who, status=400, status_code=400, message=str(exc))
-        except DatabaseUnavailable as exc:
-            return render(request, "error.html", who, status=503, status_code=503, message=str(exc))
+        except DatabaseUnavailable:
+            return render(request, "error.html", who, status=503, status_code=503, message=UNAVAILABLE_TEXT)
 
     wrapped.__name__ = fn.__name__
     return wrapped
@@ -120,7 +122,7 @@ async def check_csrf(request: Request) -> None:
     site = request.headers.get("sec-fetch-site")
     if site is not None and site not in ("same-origin", "none"):
         raise Problem(403, "PERMISSION_DENIED", "cross-site form posts are refused")
-    form = await request.form()
+    form = await read_form(request)
     request.scope["taskq.form"] = form
     sent = str(form.get("csrf", ""))
     if not hmac.compare_digest(sent, csrf_token(request, session_of(request))):
@@ -156,9 +158,12 @@ async def login(request: Request) -> Response:
     site = request.headers.get("sec-fetch-site")
     if site is not None and site not in ("same-origin", "none"):
         return render(request, "login.html", None, status=403, next=nxt, error="cross-site login refused")
-    form = await request.form()
+    form = await read_form(request)
     token = str(form.get("token", "")).strip()
-    who = await st.principal(token) if token else None
+    try:
+        who = await st.principal(token) if token else None
+    except DatabaseUnavailable:
+        return render(request, "error.html", None, status=503, status_code=503, message=UNAVAILABLE_TEXT)
     if who is None:
         return render(request, "login.html", None, status=401, next=nxt, error="unknown or revoked token")
     response = RedirectResponse(f"{base_of(request)}{nxt}", 303)

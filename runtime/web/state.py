@@ -4,15 +4,20 @@ mounted in a host application that does not run its lifespan), the token cache a
 from __future__ import annotations
 
 import asyncio
+import math
 import secrets
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 from taskq.actors.declaration import ActorRegistry
-from taskq.backend import Backend
+from taskq.backend import Backend, transaction_pooler_from_env
+from taskq.backend.bounded import open_bounded
 from taskq.dsn import resolve_dsn
+from taskq.exceptions import ConfigurationError
 from taskq.ops.tokens import ANONYMOUS, Principal, authenticate, hash_token
+from taskq.web.guard import DEFAULT_ALLOWED_HOSTS
 
 TOKEN_CACHE_SECONDS = 5.0
 """A revoked token stops working within this long (each web process re-reads a token at most this often)."""
@@ -22,13 +27,28 @@ RECENT_CACHE_SECONDS = 15.0
 """The last hour's per-minute outcomes and run times (the overview's charts) are computed at most this
 often per web process: unlike the depth (index entries of waiting and running rows), that query reads
 every job finished in the last hour, so its cost grows with the throughput (benchmarks/web.py)."""
+TOKEN_CACHE_SIZE = 1000
+"""Principals of known tokens kept per web process (least recently used first out)."""
+MISS_CACHE_SIZE = 256
+"""Unknown or revoked tokens remembered as such, in a cache of their own: a flood of made-up tokens
+costs one lookup each and evicts only other misses, never a real token's principal."""
+DEFAULT_POOL_SIZE = 8
+"""Database connections per web process. Every statement is bounded by the statement timeout, so a few
+slow list queries at once still leave connections for the token lookups and the dashboard's polls."""
+DEFAULT_STATEMENT_TIMEOUT = 5.0
+DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT = 10.0
 
 
 @dataclass
 class WebConfig:
     """`auth` False serves everyone as `anonymous` with every grant: only on loopback (taskq web refuses
     another host). `cancellation_grace_period` and `cleanup_grace_period`: the fleet's (for the cancel
-    ladder's time-left clocks; the settings' defaults and TASKQ_* env when None)."""
+    ladder's time-left clocks; the settings' defaults and TASKQ_* env when None).
+
+    `allowed_hosts`: the names the app answers to in `Host` (any port; `.example.com` also its
+    subdomains; `*` no check, for a reverse proxy that checks Host itself). `allowed_origins`: origins
+    (`https://ops.example.com`) whose pages may write, besides the app's own. `pool_size`: database
+    connections; `statement_timeout` and `idle_in_transaction_timeout` (seconds) bound each of them."""
 
     dsn: str | None = None
     auth: bool = True
@@ -38,6 +58,26 @@ class WebConfig:
     poll_seconds: float = 2.0
     max_body_bytes: int = 1_048_576
     secure_cookies: bool = False
+    allowed_hosts: tuple[str, ...] = DEFAULT_ALLOWED_HOSTS
+    allowed_origins: tuple[str, ...] = ()
+    pool_size: int = DEFAULT_POOL_SIZE
+    statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT
+    idle_in_transaction_timeout: float = DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT
+
+    def __post_init__(self) -> None:
+        for name in ("statement_timeout", "idle_in_transaction_timeout", "poll_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+                raise ConfigurationError(f"WebConfig.{name} must be a positive number of seconds, got {value!r}")
+        for name in ("pool_size", "max_body_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigurationError(f"WebConfig.{name} must be a positive integer, got {value!r}")
+        for name in ("allowed_hosts", "allowed_origins"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not all(isinstance(v, str) and v.strip() for v in value):
+                raise ConfigurationError(f"WebConfig.{name} must be a list of names, got {value!r}")
+            setattr(self, name, tuple(value))
 
 
 @dataclass
@@ -46,7 +86,8 @@ class WebState:
     backend_given: Backend | None = None
     _backend: Backend | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    _tokens: dict[str, tuple[float, Principal | None]] = field(default_factory=dict)
+    _tokens: OrderedDict[str, tuple[float, Principal]] = field(default_factory=OrderedDict)
+    _misses: OrderedDict[str, float] = field(default_factory=OrderedDict)
     _stats: dict[str, tuple[float, Any]] = field(default_factory=dict)
     secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
 
@@ -56,7 +97,11 @@ class WebState:
         if self._backend is None:
             async with self._lock:
                 if self._backend is None:
-                    self._backend = await Backend.open(resolve_dsn(self.config.dsn), min_size=1, max_size=4)
+                    cfg = self.config
+                    self._backend = await open_bounded(
+                        resolve_dsn(cfg.dsn), max_size=cfg.pool_size, statement_timeout=cfg.statement_timeout,
+                        idle_in_transaction_timeout=cfg.idle_in_transaction_timeout,
+                        transaction_pooler=transaction_pooler_from_env())
         return self._backend
 
     async def close(self) -> None:
@@ -74,12 +119,23 @@ class WebState:
         now = time.monotonic()
         hit = self._tokens.get(key)
         if hit is not None and hit[0] > now:
+            self._tokens.move_to_end(key)
             return hit[1]
+        missed = self._misses.get(key)
+        if missed is not None and missed > now:
+            return None
         found = await authenticate(await self.backend(), raw)
-        if len(self._tokens) > 1000:
-            self._tokens.clear()
-        self._tokens[key] = (now + TOKEN_CACHE_SECONDS, found)
+        if found is None:
+            self._tokens.pop(key, None)
+            _put(self._misses, key, now + TOKEN_CACHE_SECONDS, MISS_CACHE_SIZE)
+        else:
+            self._misses.pop(key, None)
+            _put(self._tokens, key, (now + TOKEN_CACHE_SECONDS, found), TOKEN_CACHE_SIZE)
         return found
+
+    def cached_principals(self) -> int:
+        """How many principals of real tokens the cache holds (for tests and diagnostics)."""
+        return len(self._tokens)
 
     def cached(self, key: str) -> Any:
         hit = self._stats.get(key)
@@ -94,3 +150,10 @@ class WebState:
             self._stats.clear()
         self._stats[key] = (time.monotonic() + seconds, value)
         return value
+
+
+def _put(cache: OrderedDict[str, Any], key: str, value: Any, size: int) -> None:
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > size:
+        cache.popitem(last=False)

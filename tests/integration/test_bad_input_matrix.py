@@ -143,6 +143,23 @@ def cli(env: Env, *args: str | bytes, stdin: str | None = None, extra_env: dict[
     return Outcome("exit 0", stdout.strip())
 
 
+def _empty_file() -> str:
+    fd, path = tempfile.mkstemp(prefix="taskq-matrix-dsn-")
+    os.close(fd)
+    return path
+
+
+def _web_config(**options: Any) -> Outcome:
+    """WebConfig with `options`: its class of error, or `accepted`."""
+    from taskq.web import WebConfig
+
+    try:
+        value = WebConfig(**options)
+    except Exception as exc:
+        return Outcome(type(exc).__name__, str(exc))
+    return Outcome("accepted", repr(value))
+
+
 def worker_cli(env: Env, *args: str, extra_env: dict[str, str] | None = None, dsn: str | None = "env") -> Outcome:
     """`taskq worker` that must exit at boot (settings, schema, credentials, APP)."""
     return cli(env, "worker", *args, extra_env=extra_env, dsn=dsn)
@@ -501,6 +518,31 @@ CASES: list[Case] = [
          "refusing to serve without auth", lambda e: cli(e, "web", "--host", "0.0.0.0", "--no-auth")),
     Case("cli-web-bad-port", "cli", "web --port 70000", "exit 2", "--port",
          lambda e: cli(e, "web", "--port", "70000")),
+    Case("cli-web-bad-allowed-host", "cli", "web --allowed-host 'evil host/x'", "exit 2", "not a host name",
+         lambda e: cli(e, "web", "--allowed-host", "evil host/x")),
+    Case("cli-web-bad-allowed-host-env", "cli", "TASKQ_WEB_ALLOWED_HOSTS='ok.example,bad name'", "exit 2",
+         "TASKQ_WEB_ALLOWED_HOSTS",
+         lambda e: cli(e, "web", extra_env={"TASKQ_WEB_ALLOWED_HOSTS": "ok.example,bad name"})),
+    Case("cli-web-pool-size-zero", "cli", "web --pool-size 0", "exit 2", "--pool-size",
+         lambda e: cli(e, "web", "--pool-size", "0")),
+    Case("cli-web-pool-size-huge", "cli", "web --pool-size 100000", "exit 2", "--pool-size",
+         lambda e: cli(e, "web", "--pool-size", "100000")),
+    Case("cli-web-statement-timeout-zero", "cli", "web --statement-timeout 0", "exit 2", "--statement-timeout",
+         lambda e: cli(e, "web", "--statement-timeout", "0")),
+    Case("cli-web-statement-timeout-nan", "cli", "web --statement-timeout nan", "exit 2", "--statement-timeout",
+         lambda e: cli(e, "web", "--statement-timeout", "nan")),
+    Case("cli-web-dsn-file-missing", "cli", "web --dsn-file of a path that does not exist", "exit 2",
+         "cannot read it", lambda e: cli(e, "web", "--dsn-file", "/nonexistent/taskq-dsn")),
+    Case("cli-web-dsn-file-empty", "cli", "web --dsn-file of an empty file", "exit 2", "expected one line",
+         lambda e: cli(e, "web", "--dsn-file", _empty_file())),
+    Case("cli-web-dsn-and-dsn-file", "cli", "web --dsn ... --dsn-file ...", "exit 2", "not both",
+         lambda e: cli(e, "web", "--dsn", with_secret(e.dsn), "--dsn-file", "/nonexistent/taskq-dsn")),
+    Case("web-config-statement-timeout-zero", "client", "WebConfig(statement_timeout=0)", "ConfigurationError",
+         "statement_timeout", lambda e: _web_config(statement_timeout=0)),
+    Case("web-config-pool-size-zero", "client", "WebConfig(pool_size=0)", "ConfigurationError", "pool_size",
+         lambda e: _web_config(pool_size=0)),
+    Case("web-config-allowed-host-not-a-list", "client", "WebConfig(allowed_hosts='example.com')",
+         "ConfigurationError", "allowed_hosts", lambda e: _web_config(allowed_hosts="example.com")),
     Case("cli-payload-oversized", "cli", "2 MiB payload on stdin", "exit 2", "over the limit",
          lambda e: cli(e, "enqueue", "a.b", "--payload", "-", stdin='"' + "y" * 2 * 1024 * 1024 + '"')),
     Case("cli-tag-not-utf8", "cli", "--tag of bytes that are not UTF-8", "exit 2", "valid Unicode",

@@ -26,7 +26,7 @@ async def test_the_app_works_mounted_under_a_prefix(dsn: str) -> None:
     async def home(request: object) -> PlainTextResponse:
         return PlainTextResponse("host app")
 
-    taskq_app = create_app(dsn)
+    taskq_app = create_app(dsn, allowed_hosts=["testserver"])
     host = Starlette(routes=[Route("/", home), Mount("/taskq", app=taskq_app)])
     transport = httpx.ASGITransport(app=host)
     try:
@@ -50,7 +50,7 @@ async def test_the_app_works_mounted_under_a_prefix(dsn: str) -> None:
 
 async def test_a_dashboard_post_without_its_csrf_token_is_refused(dsn: str) -> None:
     (job,) = query(dsn, "INSERT INTO taskq.jobs (actor, payload) VALUES ('csrf', '1') RETURNING id")
-    app = create_app(dsn, auth=False)
+    app = create_app(dsn, auth=False, allowed_hosts=["testserver"])
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver") as c:
             forged = await c.post(f"/jobs/{job[0]}/cancel", data={"reason": "forged"})

@@ -61,7 +61,7 @@ def _web_child(pid: int) -> int | None:
             argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"taskq.cli" in argv and b"web" in argv:
+        if argv[0].startswith(b"taskq web"):  # it retitles itself (no --dsn may stay in ps)
             return child
     return None
 
