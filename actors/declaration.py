@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import random
 import typing
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
@@ -13,6 +13,7 @@ from pydantic import TypeAdapter
 
 from taskq.exceptions import ActorDefinitionError, NonRetryableError, PayloadInvalid, ScheduleDefinitionError
 from taskq.models import QueueLimits
+from taskq.patterns import matches_any, pattern_problem
 
 if TYPE_CHECKING:
     from taskq.schedules import Schedule
@@ -95,6 +96,18 @@ class Actor(Generic[P, R]):
     rate_limit: int | None = None
     """At most this many starts of the actor's jobs per `rate_period` seconds across the fleet."""
     rate_period: float | None = None
+    queues: tuple[str, ...] = ()
+    """The queue-name patterns (`*` for any run of characters) whose jobs the actor may run; empty means
+    `(queue,)`, the declared queue only. A worker fails a job of the actor in any other queue
+    (`ActorQueueMismatch`) without running it, and an enqueue that names one is refused."""
+
+    def __post_init__(self) -> None:
+        if not self.queues:
+            object.__setattr__(self, "queues", (self.queue,))
+
+    def allows_queue(self, queue: str) -> bool:
+        """True when the actor may run a job in this queue (one of its `queues` patterns matches it)."""
+        return matches_any(self.queues, queue)
 
     @property
     def limits(self) -> QueueLimits:
@@ -244,6 +257,32 @@ def _check_limits(global_concurrency: Any, concurrency_per_key: Any, rate_limit:
         _check_seconds("rate_period", rate_period)
 
 
+def _check_queues(queue: str, queues: Any) -> tuple[str, ...]:
+    """The patterns an actor is bound to: `(queue,)` by default, else `queues` checked."""
+    if queues is None:
+        return (queue,)
+    if isinstance(queues, str):
+        raise ActorDefinitionError(
+            f"queues must be a list of queue patterns, not one string: write queues=[{queues!r}]"
+        )
+    try:
+        patterns = tuple(queues)
+    except TypeError:
+        raise ActorDefinitionError(f"queues must be a list of queue patterns (e.g. ['billing-*']), got {queues!r}") from None
+    if not patterns:
+        raise ActorDefinitionError("queues must name at least one queue pattern (['*'] allows every queue)")
+    for pattern in patterns:
+        problem = pattern_problem(pattern)
+        if problem is not None:
+            raise ActorDefinitionError(f"queues: {problem}")
+    if not matches_any(patterns, queue):
+        raise ActorDefinitionError(
+            f"queue {queue!r} must match one of its queues= patterns ({list(patterns)!r}): the declared queue is "
+            "where an enqueue puts the actor's jobs by default"
+        )
+    return patterns
+
+
 @overload
 def actor(fn: Callable[..., Any], /) -> Actor[Any, Any]: ...
 @overload
@@ -268,6 +307,7 @@ def actor(
     concurrency_per_key: int | None = ...,
     rate_limit: int | None = ...,
     rate_period: float | None = ...,
+    queues: Sequence[str] | None = ...,
     registry: ActorRegistry | None = ...,
 ) -> Callable[[Callable[..., Any]], Actor[Any, Any]]: ...
 
@@ -295,6 +335,7 @@ def actor(
     concurrency_per_key: int | None = None,
     rate_limit: int | None = None,
     rate_period: float | None = None,
+    queues: Sequence[str] | None = None,
     registry: ActorRegistry | None = None,
 ) -> Actor[Any, Any] | Callable[[Callable[..., Any]], Actor[Any, Any]]:
     """Declare a job handler. `async def` runs on the worker's event loop; a plain `def` runs in a
@@ -303,7 +344,13 @@ def actor(
 
     Fleet-wide limits (enforced in the claim, across every worker and host): `global_concurrency` jobs
     running at once, `concurrency_per_key` per `concurrency_key` given at enqueue, `rate_limit` starts
-    per `rate_period` seconds. A job that waits for a limit spends no attempt."""
+    per `rate_period` seconds. A job that waits for a limit spends no attempt.
+
+    The actor runs only on the queues it is bound to: `queue` (where an enqueue puts its jobs by default)
+    alone, unless `queues` lists the queue-name patterns it may run on (`*` stands for any run of
+    characters; `queues=["*"]` allows every queue). `queue` must match one of them. A worker fails a job of
+    the actor found in another queue (`ActorQueueMismatch`) without running it, and an enqueue that names
+    another queue for it raises ConfigurationError."""
 
     def decorate(func: Callable[..., Any]) -> Actor[Any, Any]:
         if isinstance(func, Actor):
@@ -327,6 +374,7 @@ def actor(
             raise ActorDefinitionError(f"actor name must be 1-255 characters, got {actor_name!r}")
         if not isinstance(queue, str) or not queue or len(queue) > 255:
             raise ActorDefinitionError(f"queue must be 1-255 characters, got {queue!r}")
+        bound = _check_queues(queue, queues)
         if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1:
             raise ActorDefinitionError(f"max_attempts must be an int >= 1, got {max_attempts!r}")
         if not isinstance(priority, int) or isinstance(priority, bool) or not -(2**31) <= priority < 2**31:
@@ -372,6 +420,7 @@ def actor(
             concurrency_per_key=concurrency_per_key,
             rate_limit=rate_limit,
             rate_period=float(rate_period) if rate_period is not None else None,
+            queues=bound,
         )
         (registry if registry is not None else default_registry).register(declared)
         return declared

@@ -129,6 +129,16 @@ def encode_payloads(actor: Actor[Any, Any] | None, name: str, payloads: Sequence
     return [encode_payload(actor, name, p, max_bytes) for p in payloads]
 
 
+def check_actor_queue(actor: Actor[Any, Any], queue: str) -> None:
+    """ConfigurationError when the actor is not bound to this queue (a worker would refuse to run it)."""
+    if not actor.allows_queue(queue):
+        raise ConfigurationError(
+            f"actor {actor.name!r} may not run on queue {queue!r}: it runs on {list(actor.queues)!r} only; "
+            f"enqueue it there, or allow the queue with @actor(queues=[...]) (e.g. queues=[{actor.queue!r}, "
+            f"{queue!r}])"
+        )
+
+
 def check_options(
     target: Actor[Any, Any] | str,
     registry: ActorRegistry,
@@ -141,7 +151,9 @@ def check_options(
     schedule_to_close: float | timedelta | None = None,
     concurrency_key: str | None = None,
 ) -> tuple[Actor[Any, Any] | None, JobOptions]:
-    """The actor (when this process knows it) and the checked options, shared by every payload."""
+    """The actor (when this process knows it) and the checked options, shared by every payload. A known
+    actor is refused on a queue it is not bound to (`@actor(queues=...)`); a name this process does not
+    know is taken as given, and the worker that claims the job checks its queue."""
     if isinstance(target, Actor):
         actor: Actor[Any, Any] | None = target
         name = target.name
@@ -160,9 +172,12 @@ def check_options(
     if isinstance(prio, bool) or not isinstance(prio, int) or not -(2**31) <= prio < 2**31:
         raise ConfigurationError(f"priority must be a 32-bit int, got {prio!r}")
     deadline = schedule_to_close if schedule_to_close is not None else (actor.schedule_to_close if actor else None)
+    chosen = check_text("queue", queue if queue is not None else (actor.queue if actor else "default"))
+    if actor is not None:
+        check_actor_queue(actor, chosen)
     return actor, JobOptions(
         actor=name,
-        queue=check_text("queue", queue if queue is not None else (actor.queue if actor else "default")),
+        queue=chosen,
         priority=prio,
         tags=tag_tuple,
         max_attempts=attempts,

@@ -149,13 +149,31 @@ class Consumers:
         job = entry.job
         actor = self._actors.get(job.actor)
         if actor is None:
+            # the job's row is readable by whoever may read its queue: the worker's catalogue goes to its log
+            log.warning("job %s: no actor named %r in this worker; it knows %s", job.id, job.actor,
+                        ", ".join(self._actors.names()) or "none")
             await self._write(entry, Finish(
                 job_id=job.id, attempt=job.attempt, claim_epoch=job.claim_epoch, status="failed",
                 outcome="failed", error_class="UnknownActor",
                 error_message=(
-                    f"no actor named {job.actor!r} is registered in this worker (it knows "
-                    f"{', '.join(self._actors.names()) or 'none'}); deploy a worker that registers it "
-                    "and enqueue the job again"
+                    f"no actor named {job.actor!r} is registered in this worker; deploy a worker that "
+                    "registers it and enqueue the job again"
+                ),
+                detail={"retryable": False},
+            ))
+            return
+        if not actor.allows_queue(job.queue):
+            # a job put in a queue its actor is not bound to (by a producer that did not know the actor):
+            # its code never runs, so that who may enqueue into a queue cannot start another queue's work
+            log.warning("job %s: actor %r is not bound to queue %r (it runs on %s); failed without running",
+                        job.id, actor.name, job.queue, list(actor.queues))
+            await self._write(entry, Finish(
+                job_id=job.id, attempt=job.attempt, claim_epoch=job.claim_epoch, status="failed",
+                outcome="failed", error_class="ActorQueueMismatch",
+                error_message=(
+                    f"actor {actor.name!r} may not run on queue {job.queue!r}: it runs on "
+                    f"{list(actor.queues)!r} only; enqueue it there, or allow the queue with "
+                    "@actor(queues=[...]) and requeue the job"
                 ),
                 detail={"retryable": False},
             ))
