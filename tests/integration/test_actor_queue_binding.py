@@ -5,7 +5,12 @@ An UnknownActor failure does not list the worker's actors (the worker logs them)
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -166,3 +171,54 @@ async def test_requeue_of_a_mismatched_job_fails_it_again_without_running_it(dsn
 async def _ended_again(client: JobsClient, job_id: UUID) -> Any:
     row = await terminal(client, job_id)
     return row if row is not None and row.attempt >= 2 else None
+
+
+# -- Django tasks ----------------------------------------------------------------------------------------
+
+DJANGO_PROJECT = Path(__file__).resolve().parents[1] / "django_project"
+
+
+def _django_env(dsn: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKQ_")}
+    return env | {"DJANGO_SETTINGS_MODULE": "djsite.settings", "TASKQ_DJANGO_DSN": dsn, "TASKQ_DSN": dsn,
+                  "PYTHONPATH": str(DJANGO_PROJECT)}
+
+
+def test_django_task_actors_are_bound_to_their_backends_queues_and_names_import_nothing_new(dsn: str) -> None:
+    probe = (
+        "import json, sys\n"
+        "from taskq.contrib.django.worker import actors\n"
+        "add = actors.get('shop.tasks.add')\n"
+        "seen = {'add': list(add.queues), 'nodb': list(actors.get('shop.tasks.elsewhere').queues),\n"
+        "        'stranger': actors.get('antigravity.fly') is None and 'antigravity' not in sys.modules,\n"
+        "        'not_a_task': actors.get('os.path.join') is None}\n"
+        "print(json.dumps(seen))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], env=_django_env(dsn), capture_output=True, text=True,
+                          timeout=120, cwd=DJANGO_PROJECT, check=False)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    # the default backend says QUEUES ["default", "other"]; the `nodb` one sets none (Django's default)
+    assert seen == {"add": ["default", "other"], "nodb": ["default"], "stranger": True, "not_a_task": True}, seen
+
+
+@pytest.mark.slow
+async def test_a_django_task_put_in_a_queue_its_backend_does_not_serve_fails_without_running(dsn: str) -> None:
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "taskq.cli", "worker", "taskq.contrib.django.worker:actors", "--queues",
+         "billing,other", "--poll-interval", "0.2"], env=_django_env(dsn), stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True, cwd=DJANGO_PROJECT,
+    )
+    try:
+        async with await JobsClient.connect(dsn, registry=ActorRegistry()) as producer:
+            smuggled = await producer.enqueue("shop.tasks.add", {"args": [1, 2], "kwargs": {}}, queue="billing")
+            routed = await producer.enqueue("shop.tasks.add", {"args": [3, 4], "kwargs": {}}, queue="other")
+            row = await wait_for(lambda: terminal(producer, smuggled.job_id), timeout=90)
+            ok = await wait_for(lambda: terminal(producer, routed.job_id), timeout=90)
+    finally:
+        worker.terminate()
+        _, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, err
+    assert (row.status, row.error_class) == (JobStatus.FAILED, "ActorQueueMismatch"), row
+    assert "['default', 'other']" in (row.error_message or "")
+    assert ok.status is JobStatus.SUCCEEDED and ok.result == 7, ok

@@ -23,7 +23,7 @@ class ReportSpec(BaseModel):
     region: str
 
 
-@actor(name="reports.build", registry=reg)
+@actor(name="reports.build", queues=["default", "reports"], registry=reg)
 async def build_report(payload: ReportSpec, ctx: JobContext[ReportSpec]) -> None:
     return None
 

@@ -10,7 +10,13 @@ after it as Django does around a request, and Django's `task_started` / `task_fi
 
 `actors` knows the tasks of every installed app's `tasks` module at start (the worker's concurrency
 default depends on them), and resolves any other task of a TaskqBackend by its module path the first
-time one of its jobs is claimed.
+time one of its jobs is claimed, when that module belongs to an installed app or is already imported
+(a job's actor name never makes the worker import an arbitrary module).
+
+Each task's actor is bound to the queues its backend accepts (`QUEUES`, as Django checks them at
+enqueue; every queue when `QUEUES` is empty) and to the task's own `queue_name`: a job of the task found
+in any other queue fails as ActorQueueMismatch without running, so that who may enqueue into one queue
+cannot start the tasks of another.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import importlib
 import os
 import socket
+import sys
 import threading
 from typing import Any
 
@@ -107,6 +114,29 @@ def runs_on_taskq(task: Task) -> bool:
         return False
 
 
+def task_queues(task: Task) -> list[str]:
+    """The queues a task's jobs may run on: its backend's `QUEUES` (every queue when empty, as Django
+    allows) and the task's own `queue_name`."""
+    try:
+        configured = set(task.get_backend().queues)
+    except Exception:
+        configured = set()
+    if not configured:
+        return ["*"]
+    return sorted(configured | {task.queue_name})
+
+
+def resolvable(module_path: str) -> bool:
+    """True when a job's actor name may be looked up: its module belongs to an installed app, or is
+    already imported. Anything else would make the worker import a module a job names."""
+    module = module_path.rpartition(".")[0]
+    if not module:
+        return False
+    if module in sys.modules:
+        return True
+    return any(module == config.name or module.startswith(config.name + ".") for config in apps.get_app_configs())
+
+
 class DjangoTaskRegistry(ActorRegistry):
     """Actors for Django tasks: one per task, named by its module path, all running `run_task`."""
 
@@ -120,13 +150,15 @@ class DjangoTaskRegistry(ActorRegistry):
             if existing is not None:
                 return existing
             _tasks[task.module_path] = task
-            return actor(name=task.module_path, queue=task.queue_name, isolation="thread", max_attempts=1,
-                         registry=self)(run_task)
+            return actor(name=task.module_path, queue=task.queue_name, queues=task_queues(task),
+                         isolation="thread", max_attempts=1, registry=self)(run_task)
 
     def get(self, name: str) -> Actor[Any, Any] | None:
         found = super().get(name)
         if found is not None:
             return found
+        if not resolvable(name):
+            return None
         try:
             value = import_string(name)
         except ImportError:
