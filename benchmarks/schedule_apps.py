@@ -21,7 +21,7 @@ app = ActorRegistry(owner="bench-schedules")
 idle = ActorRegistry(owner="bench-idle")
 
 
-@actor(name="bench.slot", registry=app)
+@actor(name="bench.slot", queue=QUEUE, registry=app)
 async def slot(payload: int) -> None:
     return None
 

@@ -78,7 +78,7 @@ async def test_a_claim_over_several_queues_takes_the_most_urgent_jobs_of_all_of_
 async def test_claimed_jobs_are_counted_per_queue(dsn: str, client: JobsClient) -> None:
     reg = ActorRegistry()
 
-    @actor(name="tests.claim.count", registry=reg)
+    @actor(name="tests.claim.count", queue="counted", registry=reg)
     async def count(payload: int) -> int:
         return payload
 

@@ -33,7 +33,8 @@ class Thumb(BaseModel):
     size: int
 
 
-@actor(name="tests.client.resize", queue="images", max_attempts=4, priority=5, registry=registry)
+@actor(name="tests.client.resize", queue="images", queues=["images", "urgent"], max_attempts=4, priority=5,
+       registry=registry)
 async def resize(payload: Image) -> Thumb:
     return Thumb(url=payload.url, size=payload.width // 2)
 

@@ -42,7 +42,7 @@ SWALLOWER_DONE = asyncio.Event()
 def paths_registry() -> ActorRegistry:
     reg = ActorRegistry()
 
-    @actor(name="p.ok", registry=reg)
+    @actor(name="p.ok", queues=["default", "nobody"], registry=reg)  # "nobody": no worker serves it
     async def ok(payload: int, ctx: JobContext[int]) -> int:
         return payload
 

@@ -135,7 +135,7 @@ class Msg(BaseModel):
     text: str
 
 
-@actor(name="sec.echo", registry=registry)
+@actor(name="sec.echo", queues=["default", "parents", "kids"], registry=registry)
 async def echo(payload: Msg, ctx: JobContext[Msg]) -> dict[str, int]:
     return {"length": len(payload.text)}
 
