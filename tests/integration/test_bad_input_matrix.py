@@ -249,14 +249,14 @@ async def client_connect(env: Env, dsn: str | None = None) -> Outcome:
     return Outcome("connected", "")
 
 
-async def worker_runs(env: Env, actor_name: str, payload: Any) -> Outcome:
+async def worker_runs(env: Env, actor_name: str, payload: Any, queue: str = "default") -> Outcome:
     """Write a job by name (as a producer without the worker's code would), run an in-process worker
     until the job is terminal, and report its status, error_class and attempts."""
     from testkit import running_worker, wait_for
 
     async with await JobsClient.connect(env.dsn, registry=ActorRegistry()) as producer:
-        handle = await producer.enqueue(actor_name, payload, max_attempts=3)
-        async with running_worker(env.dsn, registry):
+        handle = await producer.enqueue(actor_name, payload, max_attempts=3, queue=queue)
+        async with running_worker(env.dsn, registry, queues=[queue]):
             row = await wait_for(lambda: _terminal(producer, handle.job_id), timeout=20)
         attempts = await producer.attempts(handle.job_id)
         events = await producer.events(handle.job_id)
@@ -468,6 +468,16 @@ CASES: list[Case] = [
          "global_concurrency must be a whole number", lambda e: declare_actor(global_concurrency=0)),
     Case("actor-rate-period-nan", "client", "@actor(rate_limit=5, rate_period=NaN)", "ActorDefinitionError",
          "rate_period must be a finite number", lambda e: declare_actor(rate_limit=5, rate_period=float("nan"))),
+    Case("actor-queues-without-its-queue", "client", "@actor(queue='billing', queues=['sandbox'])",
+         "ActorDefinitionError", "must match one of its queues= patterns",
+         lambda e: declare_actor(queue="billing", queues=["sandbox"])),
+    Case("actor-queues-one-string", "client", "@actor(queues='billing')", "ActorDefinitionError",
+         "not one string", lambda e: declare_actor(queue="billing", queues="billing")),
+    Case("actor-queues-empty-pattern", "client", "@actor(queues=['default', ''])", "ActorDefinitionError",
+         "a queue pattern must be 1-255 characters", lambda e: declare_actor(queues=["default", ""])),
+    Case("client-actor-other-queue", "client", "enqueue a known actor into a queue it is not bound to",
+         "ConfigurationError", "may not run on queue 'elsewhere'",
+         lambda e: client_call(e, lambda c: c.enqueue(order, {"order_id": 1, "customer": "c"}, queue="elsewhere"))),
     Case("actor-rate-without-period", "client", "@actor(rate_limit=5)", "ActorDefinitionError",
          "rate_limit and rate_period go together", lambda e: declare_actor(rate_limit=5)),
     Case("client-connection-closed", "client", "enqueue(connection=) a closed connection (sync and async)",
@@ -642,6 +652,9 @@ CASES: list[Case] = [
     # -- worker --------------------------------------------------------------------------------------
     Case("worker-unknown-actor", "worker", "a job for an actor this worker lacks", "failed UnknownActor",
          "no actor named 'matrix.missing'", lambda e: worker_runs(e, "matrix.missing", {}), adds_jobs=1),
+    Case("worker-actor-queue-mismatch", "worker", "a job of an actor in a queue it is not bound to",
+         "failed ActorQueueMismatch", "may not run on queue 'elsewhere'",
+         lambda e: worker_runs(e, "matrix.order", {"order_id": 1, "customer": "c"}, queue="elsewhere"), adds_jobs=1),
     Case("worker-stored-payload-invalid", "worker", "a stored payload the actor's type rejects",
          "failed PayloadInvalid", "order_id", lambda e: worker_runs(e, "matrix.order", {"order_id": "x"}),
          adds_jobs=1),
