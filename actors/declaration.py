@@ -268,7 +268,9 @@ def _check_queues(queue: str, queues: Any) -> tuple[str, ...]:
     try:
         patterns = tuple(queues)
     except TypeError:
-        raise ActorDefinitionError(f"queues must be a list of queue patterns (e.g. ['billing-*']), got {queues!r}") from None
+        raise ActorDefinitionError(
+            f"queues must be a list of queue patterns (e.g. ['billing-*']), got {queues!r}"
+        ) from None
     if not patterns:
         raise ActorDefinitionError("queues must name at least one queue pattern (['*'] allows every queue)")
     for pattern in patterns:

@@ -15,7 +15,7 @@ from typing import Any
 from uuid import UUID
 
 import pytest
-from testkit import running_worker, wait_for
+from testkit import running_worker, wait_for, wait_until
 
 from taskq import JobContext, JobsClient, SyncJobsClient
 from taskq.actors.declaration import ActorRegistry, actor
@@ -202,19 +202,25 @@ def test_django_task_actors_are_bound_to_their_backends_queues_and_names_import_
     assert seen == {"add": ["default", "other"], "nodb": ["default"], "stranger": True, "not_a_task": True}, seen
 
 
+def _django_terminal(client: SyncJobsClient, job_id: UUID) -> Any:
+    handle = client.get(job_id)
+    assert handle is not None and handle.row is not None
+    return handle.row if handle.row.is_terminal else None
+
+
 @pytest.mark.slow
-async def test_a_django_task_put_in_a_queue_its_backend_does_not_serve_fails_without_running(dsn: str) -> None:
+def test_a_django_task_put_in_a_queue_its_backend_does_not_serve_fails_without_running(dsn: str) -> None:
     worker = subprocess.Popen(
         [sys.executable, "-m", "taskq.cli", "worker", "taskq.contrib.django.worker:actors", "--queues",
          "billing,other", "--poll-interval", "0.2"], env=_django_env(dsn), stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE, text=True, cwd=DJANGO_PROJECT,
     )
     try:
-        async with await JobsClient.connect(dsn, registry=ActorRegistry()) as producer:
-            smuggled = await producer.enqueue("shop.tasks.add", {"args": [1, 2], "kwargs": {}}, queue="billing")
-            routed = await producer.enqueue("shop.tasks.add", {"args": [3, 4], "kwargs": {}}, queue="other")
-            row = await wait_for(lambda: terminal(producer, smuggled.job_id), timeout=90)
-            ok = await wait_for(lambda: terminal(producer, routed.job_id), timeout=90)
+        with SyncJobsClient.connect(dsn, registry=ActorRegistry()) as producer:
+            smuggled = producer.enqueue("shop.tasks.add", {"args": [1, 2], "kwargs": {}}, queue="billing")
+            routed = producer.enqueue("shop.tasks.add", {"args": [3, 4], "kwargs": {}}, queue="other")
+            row = wait_until(lambda: _django_terminal(producer, smuggled.job_id), timeout=90)
+            ok = wait_until(lambda: _django_terminal(producer, routed.job_id), timeout=90)
     finally:
         worker.terminate()
         _, err = worker.communicate(timeout=60)

@@ -135,4 +135,5 @@ def test_a_schedule_on_a_queue_its_actor_may_not_run_on_is_refused_at_declaratio
         Schedule("nightly-refunds", refund, every=60, queue="sandbox")
     assert "'sandbox'" in str(raised.value) and "nightly-refunds" in str(raised.value)
     assert Schedule("nightly-refunds", refund, every=60).queue == "billing"
-    assert Schedule("eu", declare(queue="billing", queues=["billing*"]), every=60, queue="billing-eu").queue == "billing-eu"
+    widened = declare(queue="billing", queues=["billing*"])
+    assert Schedule("eu", widened, every=60, queue="billing-eu").queue == "billing-eu"
