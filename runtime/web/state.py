@@ -13,6 +13,7 @@ from taskq.actors.declaration import ActorRegistry
 from taskq.backend import Backend
 from taskq.dsn import resolve_dsn
 from taskq.ops.tokens import ANONYMOUS, Principal, authenticate, hash_token
+from taskq.web import sessions
 
 TOKEN_CACHE_SECONDS = 5.0
 """A revoked token stops working within this long (each web process re-reads a token at most this often)."""
@@ -28,7 +29,12 @@ every job finished in the last hour, so its cost grows with the throughput (benc
 class WebConfig:
     """`auth` False serves everyone as `anonymous` with every grant: only on loopback (taskq web refuses
     another host). `cancellation_grace_period` and `cleanup_grace_period`: the fleet's (for the cancel
-    ladder's time-left clocks; the settings' defaults and TASKQ_* env when None)."""
+    ladder's time-left clocks; the settings' defaults and TASKQ_* env when None).
+
+    Dashboard sessions: `session_idle_seconds` without a request ends one (8 h), `session_max_seconds` ends
+    it whatever its use (24 h, also the cookie's Max-Age). `secure_cookies`: None marks the session cookie
+    `Secure` unless the request came to a loopback address of the server over plain HTTP (behind a TLS
+    proxy on the same host, say True); True or False forces it."""
 
     dsn: str | None = None
     auth: bool = True
@@ -37,7 +43,9 @@ class WebConfig:
     cleanup_grace_period: float | None = None
     poll_seconds: float = 2.0
     max_body_bytes: int = 1_048_576
-    secure_cookies: bool = False
+    secure_cookies: bool | None = None
+    session_idle_seconds: float = 8 * 3600.0
+    session_max_seconds: float = 24 * 3600.0
 
 
 @dataclass
@@ -80,6 +88,13 @@ class WebState:
             self._tokens.clear()
         self._tokens[key] = (now + TOKEN_CACHE_SECONDS, found)
         return found
+
+    async def session(self, session_id: str | None) -> sessions.Session | None:
+        """The live dashboard session of a cookie's id (read from the database on every call: a logout,
+        an expiry or a revocation holds at once in every process); None without auth or without one."""
+        if not self.config.auth or not session_id:
+            return None
+        return await sessions.resolve(await self.backend(), session_id, idle_seconds=self.config.session_idle_seconds)
 
     def cached(self, key: str) -> Any:
         hit = self._stats.get(key)
