@@ -29,6 +29,19 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+MAX_SESSION_SECONDS = 366 * 86400.0
+
+
+def session_seconds_arg(text: str) -> float:
+    """A session timeout: seconds, from 60 to a year."""
+    import argparse
+
+    value = seconds_arg(text)
+    if not 60 <= value <= MAX_SESSION_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be from 60 seconds to a year ({MAX_SESSION_SECONDS:.0f}), got {text!r}")
+    return value
+
+
 def check_bind(host: str, auth: bool) -> None:
     """Serving without auth anywhere but loopback is refused (a UsageError, one line)."""
     from taskq.exceptions import UsageError
@@ -70,7 +83,8 @@ def cmd_web(args: argparse.Namespace) -> int:
               file=sys.stderr)
     config = WebConfig(dsn=dsn, auth=auth, poll_seconds=args.poll_interval,
                        cancellation_grace_period=args.cancellation_grace_period,
-                       cleanup_grace_period=args.cleanup_grace_period, secure_cookies=args.secure_cookies)
+                       cleanup_grace_period=args.cleanup_grace_period, secure_cookies=args.secure_cookies,
+                       session_idle_seconds=args.session_idle, session_max_seconds=args.session_max)
     print(f"taskq: serving the dashboard on http://{args.host}:{args.port}/ and the API on /api/v1"
           + ("" if auth else " WITHOUT auth (loopback only)"), file=sys.stderr, flush=True)
     uvicorn.run(create_app(config=config), host=args.host, port=args.port, log_level="warning",
@@ -93,8 +107,13 @@ def commands() -> tuple[Command, ...]:
                  "or the workers' default)"),
              arg("--cleanup-grace-period", type=seconds_arg, default=None, metavar="SECONDS",
                  help="likewise (default: TASKQ_CLEANUP_GRACE_PERIOD or the workers' default)"),
-             arg("--secure-cookies", action="store_true",
-                 help="mark the session cookie Secure (behind an HTTPS proxy)")),
+             arg("--secure-cookies", action="store_true", default=None,
+                 help="always mark the session cookie Secure (behind a TLS proxy on the same host); by default "
+                 "it is Secure unless served over plain HTTP on a loopback address"),
+             arg("--session-idle", type=session_seconds_arg, default=8 * 3600.0, metavar="SECONDS",
+                 help="a dashboard session ends after this long without a request (default 28800: 8 h)"),
+             arg("--session-max", type=session_seconds_arg, default=24 * 3600.0, metavar="SECONDS",
+                 help="a dashboard session ends this long after its login, whatever its use (default 86400)")),
             description="Auth: bearer tokens (`taskq tokens create NAME --grant ACTION@QUEUES`), also the "
             "dashboard's login. Exit codes: 0 stopped, 2 bad arguments or --no-auth off loopback, 3 database "
             "unreachable, 5 schema not ready, 8 the web extra is not installed.",
