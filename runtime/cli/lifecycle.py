@@ -36,9 +36,9 @@ def cmd_requeue(args: argparse.Namespace) -> int:
                 result = await client.requeue(job_id, reason=reason, attempts=args.attempts, cascade=args.cascade)
             except KeyError:
                 raise NotFound(f"no job with id {job_id}") from None
+            held_by = {"conflict_job_id": str(result.conflict_job_id)} if result.conflict_job_id else None
             await audit.record(client, "jobs:requeue", "requeued" if result.requeued else "conflict", job_id=job_id,
-                               reason=reason,
-                               detail={"conflict_job_id": str(result.conflict_job_id)} if result.conflict_job_id else None)
+                               reason=reason, detail=held_by)
             emit(cli_output.to_json(result) if args.json else cli_output.requeue_summary(result))
             return ExitCode.OK
         assert flt is not None

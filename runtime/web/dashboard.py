@@ -6,8 +6,9 @@ SameSite=Strict cookie with a Max-Age holding its random id, never the token (`S
 plain HTTP on a loopback address, or as WebConfig.secure_cookies says). Each page resolves the session in
 the database: logout, its idle or absolute expiry and the token's revocation end it at once. Every form
 carries a CSRF token (an HMAC under the session's own secret, so any web process accepts it; without auth,
-a per-process secret), and a write whose Sec-Fetch-Site says another site sent it is refused. Each action form carries a fresh Idempotency-Key and the revision it was rendered
-with: a double submit replays, a stale page answers with a conflict banner and the new row.
+a per-process secret), and a write whose Sec-Fetch-Site says another site sent it is refused. Each action
+form carries a fresh Idempotency-Key and the revision it was rendered with: a double submit replays, a
+stale page answers with a conflict banner and the new row.
 """
 
 from __future__ import annotations
@@ -124,7 +125,6 @@ def page(fn: Page) -> Callable[[Request], Awaitable[Response]]:
     """A logged-in page: no session goes to the login page; a Problem renders as an error page."""
 
     async def wrapped(request: Request) -> Response:
-        st = state_of(request)
         try:
             who = await principal_of(request)
         except DatabaseUnavailable as exc:

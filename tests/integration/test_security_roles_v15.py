@@ -165,7 +165,7 @@ def test_no_role_may_attach_the_owner_trigger_functions_to_a_table_of_its_own(ro
         with psycopg.connect(roles.dsn[who], autocommit=True) as conn:
             conn.execute("CREATE TEMP TABLE mine (id uuid, worker_id text, claim_epoch bigint, status text)")
             with pytest.raises(errors.InsufficientPrivilege):
-                conn.execute(f"CREATE TRIGGER t AFTER UPDATE ON mine FOR EACH ROW "  # noqa: S608 (a fixed name)
+                conn.execute(f"CREATE TRIGGER t AFTER UPDATE ON mine FOR EACH ROW "
                              f"EXECUTE FUNCTION taskq.{function}()".encode())
 
 
@@ -269,8 +269,9 @@ async def test_the_web_audit_function_checks_principal_action_outcome_and_queue(
     refused(web, AUDIT, (f"db:{roles.client}", "jobs:cancel", *one))
     refused(web, AUDIT, ("admin", "tokens:create", [None], [None], [None], ["created"]))
     refused(web, AUDIT, ("admin", "jobs:nuke", *one), errors.InvalidParameterValue)
-    refused(web, AUDIT, ("admin", "jobs:cancel", [jid], ["billing"], [1], ["obliterated"]), errors.InvalidParameterValue)
-    refused(web, AUDIT, ("admin", "jobs:cancel", [jid], ["default"], [1], ["cancelled"]), errors.InvalidParameterValue)
+    bad = errors.InvalidParameterValue
+    refused(web, AUDIT, ("admin", "jobs:cancel", [jid], ["billing"], [1], ["obliterated"]), bad)
+    refused(web, AUDIT, ("admin", "jobs:cancel", [jid], ["default"], [1], ["cancelled"]), bad)
     refused(web, AUDIT, ("admin", "jobs:cancel", [uuid.uuid4()], ["billing"], [1], ["cancelled"]),
             errors.InvalidParameterValue)
     assert query(dsn, "SELECT count(*) FROM taskq.operator_audit WHERE action NOT LIKE 'tokens:%%'") == [(0,)]
@@ -290,7 +291,8 @@ def test_the_cli_audit_function_pins_the_principal_to_the_database_role(roles: R
     client = roles.dsn["client"]
     session = "SELECT taskq.audit_session_v15(%s, %s, %s, %s, NULL, %s, %s)"
     with psycopg.connect(client, autocommit=True) as conn:
-        assert conn.execute(session.encode(), ("jobs:cancel", "cancelled", jid, None, "r", Jsonb({}))).fetchone() == (1,)
+        written = conn.execute(session.encode(), ("jobs:cancel", "cancelled", jid, None, "r", Jsonb({}))).fetchone()
+        assert written == (1,)
     refused(client, session, ("jobs:enqueue", "enqueued", jid, None, None, Jsonb({})), errors.InvalidParameterValue)
     refused(client, session, ("tokens:create", "created", None, None, None, Jsonb({})), errors.InvalidParameterValue)
     refused(client, session, ("jobs:cancel", "cancelled", jid, "default", None, Jsonb({})),
