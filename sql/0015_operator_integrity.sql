@@ -31,11 +31,13 @@ ALTER TABLE taskq.operator_audit
     ADD COLUMN last_repeat_at timestamptz;
 
 -- The one writer of operator_audit rows and 'operator' events, owner-only (called by the two below and
--- by the token functions). Returns the number of rows written (a coalesced repeat writes none).
+-- by the token functions). Returns the number of rows written (a coalesced repeat writes none). p_events:
+-- also an 'operator' event on each job's timeline (the web's writes; the CLI's rows go without, as its
+-- writes always have).
 CREATE FUNCTION taskq.audit_append_v15(
     p_principal text, p_action text, p_schedule text, p_reason text, p_request_id text, p_idempotency_key text,
     p_expected_revision bigint, p_detail jsonb, p_job_ids uuid[], p_queues text[], p_revisions bigint[],
-    p_outcomes text[]
+    p_outcomes text[], p_events boolean
 ) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
 DECLARE
@@ -101,7 +103,7 @@ BEGIN
                 p_idempotency_key, p_expected_revision, p_revisions[i], coalesce(p_detail, '{}'), session_user)
         RETURNING id INTO v_id;
         n := n + 1;
-        IF v_job IS NOT NULL THEN
+        IF v_job IS NOT NULL AND p_events THEN
             PERFORM set_config('taskq.operator_event', 'audit_append_v15', true);
             INSERT INTO taskq.job_events (job_id, kind, detail)
             VALUES (v_job, 'operator', jsonb_strip_nulls(jsonb_build_object(
@@ -114,7 +116,7 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION taskq.audit_append_v15(text, text, text, text, text, text, bigint, jsonb, uuid[], text[],
-    bigint[], text[]) FROM PUBLIC;
+    bigint[], text[], boolean) FROM PUBLIC;
 
 -- The web server's audit writes (EXECUTE: the web role): the principal is a live token's name, or
 -- 'anonymous' (a server without auth).
@@ -134,14 +136,16 @@ BEGIN
         RAISE EXCEPTION 'taskq audit: % is written by the token functions only', p_action USING ERRCODE = '42501';
     END IF;
     RETURN taskq.audit_append_v15(p_principal, p_action, p_schedule, p_reason, p_request_id, p_idempotency_key,
-                                  p_expected_revision, p_detail, p_job_ids, p_queues, p_revisions, p_outcomes);
+                                  p_expected_revision, p_detail, p_job_ids, p_queues, p_revisions, p_outcomes,
+                                  true);
 END
 $$;
 REVOKE ALL ON FUNCTION taskq.audit_write_v15(text, text, text, text, text, text, bigint, jsonb, uuid[], text[],
     bigint[], text[]) FROM PUBLIC;
 
 -- The CLI's audit writes (EXECUTE: the client role): one row, the principal 'db:' || session_user; a job
--- given without its queue gets its own.
+-- given without its queue gets its own. No 'operator' event: the job's own events already say what the
+-- command changed, and the row is in the job's audit.
 CREATE FUNCTION taskq.audit_session_v15(
     p_action text, p_outcome text, p_job_id uuid, p_queue text, p_schedule text, p_reason text, p_detail jsonb
 ) RETURNS integer
@@ -159,7 +163,8 @@ BEGIN
         SELECT j.queue INTO v_queue FROM taskq.jobs AS j WHERE j.id = p_job_id;
     END IF;
     RETURN taskq.audit_append_v15('db:' || session_user, p_action, p_schedule, p_reason, NULL, NULL, NULL,
-                                  p_detail, ARRAY[p_job_id], ARRAY[v_queue], ARRAY[NULL::bigint], ARRAY[p_outcome]);
+                                  p_detail, ARRAY[p_job_id], ARRAY[v_queue], ARRAY[NULL::bigint], ARRAY[p_outcome],
+                                  false);
 END
 $$;
 REVOKE ALL ON FUNCTION taskq.audit_session_v15(text, text, uuid, text, text, text, jsonb) FROM PUBLIC;
@@ -229,7 +234,7 @@ BEGIN
             'db:' || session_user, 'tokens:create', NULL, NULL, NULL, NULL, NULL,
             jsonb_strip_nulls(jsonb_build_object('token', p_name, 'grants', to_jsonb(p_grants),
                                                  'os_user_claimed', p_os_user)),
-            ARRAY[NULL::uuid], ARRAY[NULL::text], ARRAY[NULL::bigint], ARRAY['created']);
+            ARRAY[NULL::uuid], ARRAY[NULL::text], ARRAY[NULL::bigint], ARRAY['created'], false);
     END IF;
 END
 $$;
@@ -256,7 +261,7 @@ BEGIN
         'db:' || session_user, 'tokens:revoke', NULL, NULL, NULL, NULL, NULL,
         jsonb_strip_nulls(jsonb_build_object('token', p_name, 'os_user_claimed', p_os_user)),
         ARRAY[NULL::uuid], ARRAY[NULL::text], ARRAY[NULL::bigint],
-        ARRAY[CASE WHEN v_was IS NULL THEN 'revoked' ELSE 'unchanged' END]);
+        ARRAY[CASE WHEN v_was IS NULL THEN 'revoked' ELSE 'unchanged' END], false);
     name := p_name;
     changed := v_was IS NULL;
     RETURN NEXT;

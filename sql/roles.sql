@@ -33,7 +33,8 @@ REVOKE ALL ON FUNCTION taskq.delete_terminal_jobs(uuid[]), taskq.delete_finished
 -- functions below call it as the owner), the audit function of the web role and the token functions of the
 -- admin role: revoked from PUBLIC by their migrations, and from the roles here
 REVOKE ALL ON FUNCTION taskq.record_lease_loss(), taskq.note_settled(), taskq.settle_dependents_stmt(),
-    taskq.audit_append_v15(text, text, text, text, text, text, bigint, jsonb, uuid[], text[], bigint[], text[]),
+    taskq.audit_append_v15(text, text, text, text, text, text, bigint, jsonb, uuid[], text[], bigint[], text[],
+        boolean),
     taskq.audit_write_v15(text, text, text, text, text, text, bigint, jsonb, uuid[], text[], bigint[], text[]),
     taskq.token_create_v15(text, text, text[], text), taskq.token_revoke_v15(text, text),
     taskq.operator_event_guard_v15(), taskq.api_tokens_revoked_once_v15()

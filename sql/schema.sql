@@ -463,7 +463,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION taskq.audit_append_v15(p_principal text, p_action text, p_schedule text, p_reason text, p_request_id text, p_idempotency_key text, p_expected_revision bigint, p_detail jsonb, p_job_ids uuid[], p_queues text[], p_revisions bigint[], p_outcomes text[]) RETURNS integer
+CREATE FUNCTION taskq.audit_append_v15(p_principal text, p_action text, p_schedule text, p_reason text, p_request_id text, p_idempotency_key text, p_expected_revision bigint, p_detail jsonb, p_job_ids uuid[], p_queues text[], p_revisions bigint[], p_outcomes text[], p_events boolean) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog'
     AS $$
@@ -530,7 +530,7 @@ BEGIN
                 p_idempotency_key, p_expected_revision, p_revisions[i], coalesce(p_detail, '{}'), session_user)
         RETURNING id INTO v_id;
         n := n + 1;
-        IF v_job IS NOT NULL THEN
+        IF v_job IS NOT NULL AND p_events THEN
             PERFORM set_config('taskq.operator_event', 'audit_append_v15', true);
             INSERT INTO taskq.job_events (job_id, kind, detail)
             VALUES (v_job, 'operator', jsonb_strip_nulls(jsonb_build_object(
@@ -560,7 +560,8 @@ BEGIN
         SELECT j.queue INTO v_queue FROM taskq.jobs AS j WHERE j.id = p_job_id;
     END IF;
     RETURN taskq.audit_append_v15('db:' || session_user, p_action, p_schedule, p_reason, NULL, NULL, NULL,
-                                  p_detail, ARRAY[p_job_id], ARRAY[v_queue], ARRAY[NULL::bigint], ARRAY[p_outcome]);
+                                  p_detail, ARRAY[p_job_id], ARRAY[v_queue], ARRAY[NULL::bigint], ARRAY[p_outcome],
+                                  false);
 END
 $$;
 
@@ -578,7 +579,8 @@ BEGIN
         RAISE EXCEPTION 'taskq audit: % is written by the token functions only', p_action USING ERRCODE = '42501';
     END IF;
     RETURN taskq.audit_append_v15(p_principal, p_action, p_schedule, p_reason, p_request_id, p_idempotency_key,
-                                  p_expected_revision, p_detail, p_job_ids, p_queues, p_revisions, p_outcomes);
+                                  p_expected_revision, p_detail, p_job_ids, p_queues, p_revisions, p_outcomes,
+                                  true);
 END
 $$;
 
@@ -1225,7 +1227,7 @@ BEGIN
             'db:' || session_user, 'tokens:create', NULL, NULL, NULL, NULL, NULL,
             jsonb_strip_nulls(jsonb_build_object('token', p_name, 'grants', to_jsonb(p_grants),
                                                  'os_user_claimed', p_os_user)),
-            ARRAY[NULL::uuid], ARRAY[NULL::text], ARRAY[NULL::bigint], ARRAY['created']);
+            ARRAY[NULL::uuid], ARRAY[NULL::text], ARRAY[NULL::bigint], ARRAY['created'], false);
     END IF;
 END
 $_$;
@@ -1250,7 +1252,7 @@ BEGIN
         'db:' || session_user, 'tokens:revoke', NULL, NULL, NULL, NULL, NULL,
         jsonb_strip_nulls(jsonb_build_object('token', p_name, 'os_user_claimed', p_os_user)),
         ARRAY[NULL::uuid], ARRAY[NULL::text], ARRAY[NULL::bigint],
-        ARRAY[CASE WHEN v_was IS NULL THEN 'revoked' ELSE 'unchanged' END]);
+        ARRAY[CASE WHEN v_was IS NULL THEN 'revoked' ELSE 'unchanged' END], false);
     name := p_name;
     changed := v_was IS NULL;
     RETURN NEXT;
@@ -1281,7 +1283,7 @@ CREATE TRIGGER jobs_settle_dependents AFTER UPDATE ON taskq.jobs FOR EACH STATEM
 
 -- Privileges the migrations set (the roles' grants are sql/roles.sql's, run after migrating).
 
-REVOKE ALL ON FUNCTION taskq.audit_append_v15(p_principal text, p_action text, p_schedule text, p_reason text, p_request_id text, p_idempotency_key text, p_expected_revision bigint, p_detail jsonb, p_job_ids uuid[], p_queues text[], p_revisions bigint[], p_outcomes text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION taskq.audit_append_v15(p_principal text, p_action text, p_schedule text, p_reason text, p_request_id text, p_idempotency_key text, p_expected_revision bigint, p_detail jsonb, p_job_ids uuid[], p_queues text[], p_revisions bigint[], p_outcomes text[], p_events boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION taskq.audit_session_v15(p_action text, p_outcome text, p_job_id uuid, p_queue text, p_schedule text, p_reason text, p_detail jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION taskq.audit_write_v15(p_principal text, p_action text, p_schedule text, p_reason text, p_request_id text, p_idempotency_key text, p_expected_revision bigint, p_detail jsonb, p_job_ids uuid[], p_queues text[], p_revisions bigint[], p_outcomes text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION taskq.delete_finished_attempts(p_jobs uuid[], p_epochs bigint[], OUT attempts bigint) FROM PUBLIC;

@@ -62,7 +62,7 @@ SELECT taskq.audit_write_v15(%(principal)s, %(action)s, %(schedule)s, %(reason)s
 
 -- name: audit_session
 -- One audit row for a CLI write (the client role): the principal is 'db:' || session_user, set by the
--- database; with a job, its 'operator' event too.
+-- database.
 SELECT taskq.audit_session_v15(%(action)s, %(outcome)s, %(job_id)s::uuid, %(queue)s, %(schedule)s, %(reason)s,
                                %(detail)s::jsonb) AS written;
 
