@@ -8,15 +8,22 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
+import psycopg
+
 from taskq.backend.web import audit_session
 from taskq.client import JobsClient
+from taskq.exceptions import CliError
 
 
 async def record(client: JobsClient, action: str, outcome: str, *, job_id: UUID | None = None,
                  queue: str | None = None, schedule: str | None = None, reason: str | None = None,
                  detail: dict[str, Any] | None = None) -> None:
-    await audit_session(client.backend, action, outcome, job_id=job_id, queue=queue, schedule=schedule,
-                        reason=reason, detail=detail)
+    try:
+        await audit_session(client.backend, action, outcome, job_id=job_id, queue=queue, schedule=schedule,
+                            reason=reason, detail=detail)
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise CliError(f"{action}: done ({outcome}), but its audit row was refused ({exc.diag.message_primary}): "
+                       "grant EXECUTE on it by running sql/roles.sql again after the upgrade") from None
 
 
 def bulk_detail(by_previous_status: dict[Any, int], job_ids: tuple[UUID, ...]) -> dict[str, Any]:

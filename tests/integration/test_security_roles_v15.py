@@ -414,3 +414,14 @@ async def test_the_web_server_runs_the_whole_api_and_dashboard_under_the_web_rol
     assert query(dsn, "SELECT count(*) FROM taskq.operator_requests")[0][0] >= 9
     assert query(dsn, "SELECT ended_at IS NOT NULL FROM taskq.web_sessions") == [(True,)]
     assert query(dsn, "SELECT last_used_at IS NOT NULL FROM taskq.api_tokens") == [(True,)]
+
+
+def test_a_cli_write_whose_audit_is_refused_says_so_in_one_line(roles: Roles, dsn: str) -> None:
+    """roles.sql not run again after the upgrade: the change is made, the command says its audit was refused."""
+    job(dsn, "billing")
+    query(dsn, f'REVOKE EXECUTE ON FUNCTION taskq.audit_session_v15(text, text, uuid, text, text, text, jsonb) '
+               f'FROM "{roles.client}"')
+    result = run_cli("queue", "pause", "billing", dsn=roles.dsn["client"])
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and "audit row was refused" in result.stderr and "roles.sql" in result.stderr
+    assert query(dsn, "SELECT paused_at IS NOT NULL FROM taskq.queues WHERE name = 'billing'") == [(True,)]
