@@ -425,3 +425,30 @@ def test_a_cli_write_whose_audit_is_refused_says_so_in_one_line(roles: Roles, ds
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1 and "audit row was refused" in result.stderr and "roles.sql" in result.stderr
     assert query(dsn, "SELECT paused_at IS NOT NULL FROM taskq.queues WHERE name = 'billing'") == [(True,)]
+
+
+def test_who_may_execute_each_security_definer_function(roles: Roles, dsn: str) -> None:
+    """Every SECURITY DEFINER function of the schema, and the roles of roles.sql that may run it: a new one
+    must be added here, with its role, or it is a role-wide hole."""
+    expected = {
+        "delete_terminal_jobs(uuid[])": {"worker"},
+        "delete_finished_attempts(uuid[],bigint[])": {"worker"},
+        "delete_operator_requests(text[],text[],double precision)": {"worker"},
+        "delete_operator_audit(bigint[],double precision)": {"worker"},
+        "settle_backlog(integer)": {"worker"},
+        "revive_dependents(uuid[],text)": {"client", "web"},
+        "audit_session_v15(text,text,uuid,text,text,text,jsonb)": {"client"},
+        "audit_write_v15(text,text,text,text,text,text,bigint,jsonb,uuid[],text[],bigint[],text[])": {"web"},
+        "token_create_v15(text,text,text[],text)": {"admin"},
+        "token_revoke_v15(text,text)": {"admin"},
+    }
+    rows = query(dsn, "SELECT p.oid::regprocedure::text, p.oid FROM pg_proc AS p JOIN pg_namespace AS n"
+                      " ON n.oid = p.pronamespace WHERE n.nspname = 'taskq' AND p.prosecdef")
+    found: dict[str, set[str]] = {}
+    for signature, oid in rows:
+        name = str(signature).removeprefix("taskq.")
+        found[name] = {kind for kind in ("worker", "client", "web", "admin")
+                       if query(dsn, "SELECT has_function_privilege(%s, %s::oid, 'EXECUTE')",
+                                getattr(roles, kind), oid)[0][0]}
+    found = {name: who for name, who in found.items() if who or name in expected}
+    assert found == expected
