@@ -452,3 +452,15 @@ def test_who_may_execute_each_security_definer_function(roles: Roles, dsn: str) 
                                 getattr(roles, kind), oid)[0][0]}
     found = {name: who for name, who in found.items() if who or name in expected}
     assert found == expected
+
+
+def test_the_script_with_all_four_roles_grants_the_same_on_every_run(roles: Roles, dsn: str) -> None:
+    acl = ("SELECT c.relname, c.relacl::text, (SELECT string_agg(a.attname || '=' || a.attacl::text, ',' ORDER BY"
+           " a.attnum) FROM pg_attribute AS a WHERE a.attrelid = c.oid AND a.attacl IS NOT NULL)"
+           " FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace WHERE n.nspname = 'taskq'"
+           " UNION ALL SELECT p.oid::regprocedure::text, p.proacl::text, NULL FROM pg_proc AS p"
+           " JOIN pg_namespace AS n ON n.oid = p.pronamespace WHERE n.nspname = 'taskq' ORDER BY 1")
+    first = query(dsn, acl)
+    again = apply_script(dsn, **{f"{kind}_role": getattr(roles, kind) for kind in ("worker", "client", "web", "admin")})
+    assert again.returncode == 0, again.stderr
+    assert query(dsn, acl) == first
