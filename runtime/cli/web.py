@@ -57,9 +57,16 @@ async def _probe(dsn: str, auth: bool) -> int:
     from taskq.backend import Backend
     from taskq.ops.tokens import list_tokens
 
+    import psycopg
+
+    from taskq.exceptions import CliError
+
     backend = await Backend.open(dsn, min_size=1, max_size=1)
     try:
         return sum(1 for t in await list_tokens(backend) if t.revoked_at is None) if auth else 0
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise CliError(f"this database role may not serve the web API ({exc.diag.message_primary}): run taskq web "
+                       "as the web role of sql/roles.sql (-v web_role=...) or the owner") from None
     finally:
         await backend.close()
 

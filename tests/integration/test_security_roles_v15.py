@@ -464,3 +464,9 @@ def test_the_script_with_all_four_roles_grants_the_same_on_every_run(roles: Role
     again = apply_script(dsn, **{f"{kind}_role": getattr(roles, kind) for kind in ("worker", "client", "web", "admin")})
     assert again.returncode == 0, again.stderr
     assert query(dsn, acl) == first
+
+
+def test_taskq_web_under_the_client_role_says_which_role_it_needs(roles: Roles) -> None:
+    result = run_cli("web", "--port", "0", dsn=roles.dsn["client"])
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and "web role of sql/roles.sql" in result.stderr, result.stderr
