@@ -54,12 +54,11 @@ def check_bind(host: str, auth: bool) -> None:
 async def _probe(dsn: str, auth: bool) -> int:
     """Check the database and schema before serving (a clear error now rather than on the first request);
     the number of live tokens."""
-    from taskq.backend import Backend
-    from taskq.ops.tokens import list_tokens
-
     import psycopg
 
+    from taskq.backend import Backend
     from taskq.exceptions import CliError
+    from taskq.ops.tokens import list_tokens
 
     backend = await Backend.open(dsn, min_size=1, max_size=1)
     try:
