@@ -1,4 +1,5 @@
--- taskq least-privilege grants: a WORKER role and a CLIENT role on the taskq schema.
+-- taskq least-privilege grants: a WORKER role, a CLIENT role, and optionally a WEB role and an ADMIN role,
+-- on the taskq schema.
 --
 -- This is NOT a migration (`taskq migrate` never runs it, and the named-query loader ignores it: it
 -- has no query markers). It is a psql script an operator runs after `taskq migrate`, as the owner of
@@ -6,7 +7,11 @@
 -- upgrade that applied a migration. It is idempotent: it first revokes what it grants.
 --
 --   psql "$OWNER_DSN" -v ON_ERROR_STOP=1 \
---        -v worker_role=taskq_worker -v client_role=taskq_client -f roles.sql
+--        -v worker_role=taskq_worker -v client_role=taskq_client \
+--        [-v web_role=taskq_web] [-v admin_role=taskq_admin] -f roles.sql
+--
+-- web_role is the role `taskq web` runs as, admin_role the role that runs `taskq tokens create|revoke`.
+-- Without them, serving the web API and managing tokens stay the owner's.
 --
 -- The roles must exist (CREATE ROLE taskq_worker LOGIN PASSWORD '...'); see docs/security.md for
 -- the owner role, the role creation and what each role can and cannot do. Sequences need no grant:
@@ -21,8 +26,19 @@ REVOKE ALL ON ALL TABLES IN SCHEMA taskq FROM :"worker_role", :"client_role";
 REVOKE ALL ON SCHEMA taskq FROM :"worker_role", :"client_role";
 REVOKE ALL ON FUNCTION taskq.delete_terminal_jobs(uuid[]), taskq.delete_finished_attempts(uuid[], bigint[]),
     taskq.revive_dependents(uuid[], text), taskq.settle_backlog(integer),
-    taskq.delete_operator_requests(text[], text[], float8), taskq.delete_operator_audit(bigint[], float8)
+    taskq.delete_operator_requests(text[], text[], float8), taskq.delete_operator_audit(bigint[], float8),
+    taskq.audit_session_v15(text, text, uuid, text, text, text, jsonb)
     FROM :"worker_role", :"client_role";
+-- owner-only: the three trigger functions (a trigger fires without EXECUTE), the audit's one writer (the
+-- functions below call it as the owner), the audit function of the web role and the token functions of the
+-- admin role: revoked from PUBLIC by their migrations, and from the roles here
+REVOKE ALL ON FUNCTION taskq.record_lease_loss(), taskq.note_settled(), taskq.settle_dependents_stmt(),
+    taskq.audit_append_v15(text, text, text, text, text, text, bigint, jsonb, uuid[], text[], bigint[], text[],
+        boolean),
+    taskq.audit_write_v15(text, text, text, text, text, text, bigint, jsonb, uuid[], text[], bigint[], text[]),
+    taskq.token_create_v15(text, text, text[], text), taskq.token_revoke_v15(text, text),
+    taskq.operator_event_guard_v15(), taskq.api_tokens_revoked_once_v15()
+    FROM PUBLIC, :"worker_role", :"client_role";
 
 GRANT USAGE ON SCHEMA taskq TO :"worker_role", :"client_role";
 
@@ -61,6 +77,8 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON taskq.workers TO :"worker_role";
 -- the heartbeat reads and deletes its own lease losses; the trigger that records them runs as the owner
 GRANT SELECT, DELETE ON taskq.lease_losses TO :"worker_role";
 GRANT SELECT ON taskq.schema_migrations TO :"worker_role";
+-- `taskq check` (sql/invariants.sql) reads the dependency backlog; writing it stays the owner functions'
+GRANT SELECT ON taskq.dependency_backlog TO :"worker_role", :"client_role";
 -- the scheduler: upserts its code's declarations, disables the ones gone, fires slots (never deletes)
 GRANT SELECT, INSERT, UPDATE ON taskq.schedules TO :"worker_role";
 -- queue control: a worker registers its queues (their rows, first use), writes its code's actor limits,
@@ -89,12 +107,12 @@ GRANT UPDATE (status, cancel_phase, cancel_requested_at, cancel_reason, error_cl
               scheduled_at, max_attempts, requeue_count, started_at, worker_id, error_message, schedule_to_close,
               revision, has_dependents)
     ON taskq.jobs TO :"client_role";
--- the web API and dashboard (`taskq web`, run as the client role; `taskq tokens` too): token checks and
--- management, idempotency receipts, the audit log (appended to, never rewritten)
-GRANT SELECT, INSERT, UPDATE (last_used_at, revoked_at) ON taskq.api_tokens TO :"client_role";
-GRANT SELECT, INSERT, UPDATE (fingerprint, status, body, created_at), DELETE ON taskq.operator_requests
-    TO :"client_role";
-GRANT SELECT, INSERT ON taskq.operator_audit TO :"client_role";
+-- No grant on api_tokens, operator_requests, operator_audit or web_sessions: tokens, receipts, the audit and
+-- sessions are the web role's and the admin role's. The CLI's operator writes (cancel, requeue, queue and
+-- schedule pause|resume|limit|trigger) are audited through an owner function that writes the principal
+-- 'db:' || session_user and nothing else; 'operator' events on job_events are refused to every direct
+-- insert (a trigger), whatever the INSERT grant below.
+GRANT EXECUTE ON FUNCTION taskq.audit_session_v15(text, text, uuid, text, text, text, jsonb) TO :"client_role";
 -- the dashboard's workers page and GET /api/v1/workers: the registry, read only (hosts, pids, queues,
 -- heartbeats and leases; no secret). Writing it stays the worker role's.
 GRANT SELECT ON taskq.workers TO :"client_role";
@@ -121,3 +139,64 @@ GRANT UPDATE (paused_at, paused_by, pause_reason, concurrency_limit, concurrency
 GRANT INSERT ON taskq.queue_events TO :"client_role";
 
 COMMIT;
+
+-- WEB (`taskq web`): the client role's reads and operator writes (enqueue, cancel, requeue, pause, limits),
+-- and the web API's own tables: token checks (SELECT, and only last_used_at written), idempotency receipts
+-- (never deleted: retention deletes them through an owner function), dashboard sessions, and the audit,
+-- appended to through its owner function only (it checks the principal is a live token or anonymous).
+\if :{?web_role}
+BEGIN;
+REVOKE ALL ON ALL TABLES IN SCHEMA taskq FROM :"web_role";
+REVOKE ALL ON SCHEMA taskq FROM :"web_role";
+REVOKE ALL ON FUNCTION taskq.revive_dependents(uuid[], text),
+    taskq.audit_write_v15(text, text, text, text, text, text, bigint, jsonb, uuid[], text[], bigint[], text[])
+    FROM :"web_role";
+GRANT USAGE ON SCHEMA taskq TO :"web_role";
+GRANT SELECT ON taskq.jobs, taskq.job_events, taskq.job_dependencies, taskq.job_attempts, taskq.workers,
+    taskq.schema_migrations, taskq.schedules, taskq.dependency_backlog,
+    taskq.queues, taskq.actor_limits, taskq.rate_starts, taskq.queue_events TO :"web_role";
+GRANT INSERT (id, actor, queue, payload, status, priority, tags, max_attempts, scheduled_at,
+              schedule_to_close, parent_id, unique_key, unique_scope, idempotent,
+              schedule, scheduled_for, trace_context, concurrency_key, parents_remaining, dependency_mode,
+              cancel_requested_at, cancel_reason, error_class, error_message, finished_at)
+    ON taskq.jobs TO :"web_role";
+GRANT UPDATE (status, cancel_phase, cancel_requested_at, cancel_reason, error_class, finished_at,
+              scheduled_at, max_attempts, requeue_count, started_at, worker_id, error_message, schedule_to_close,
+              revision, has_dependents)
+    ON taskq.jobs TO :"web_role";
+GRANT INSERT ON taskq.job_events, taskq.job_dependencies, taskq.queue_events TO :"web_role";
+GRANT EXECUTE ON FUNCTION taskq.revive_dependents(uuid[], text) TO :"web_role";
+GRANT UPDATE (paused_at, paused_by, resumed_at, last_job_id, last_run_at, last_outcome, updated_at)
+    ON taskq.schedules TO :"web_role";
+GRANT INSERT (name, paused_at, paused_by, pause_reason, concurrency_limit, concurrency_per_key, rate_limit,
+              rate_period)
+    ON taskq.queues TO :"web_role";
+GRANT UPDATE (paused_at, paused_by, pause_reason, concurrency_limit, concurrency_per_key, rate_limit,
+              rate_period, updated_at)
+    ON taskq.queues TO :"web_role";
+GRANT SELECT, UPDATE (last_used_at) ON taskq.api_tokens TO :"web_role";
+GRANT SELECT, INSERT, UPDATE (fingerprint, status, body, created_at) ON taskq.operator_requests TO :"web_role";
+GRANT SELECT ON taskq.operator_audit TO :"web_role";
+GRANT SELECT, INSERT, UPDATE (last_seen_at, idle_expires_at, ended_at), DELETE ON taskq.web_sessions
+    TO :"web_role";
+GRANT EXECUTE ON FUNCTION
+    taskq.audit_write_v15(text, text, text, text, text, text, bigint, jsonb, uuid[], text[], bigint[], text[])
+    TO :"web_role";
+COMMIT;
+\endif
+
+-- ADMIN (`taskq tokens create|list|revoke`): reads the tokens, creates and revokes them through the owner
+-- functions (which check the grants, set created_by to the database role, keep revoked_at write-once, end
+-- a revoked token's sessions and audit both), and reads the audit. It writes no table directly.
+\if :{?admin_role}
+BEGIN;
+REVOKE ALL ON ALL TABLES IN SCHEMA taskq FROM :"admin_role";
+REVOKE ALL ON SCHEMA taskq FROM :"admin_role";
+REVOKE ALL ON FUNCTION taskq.token_create_v15(text, text, text[], text), taskq.token_revoke_v15(text, text)
+    FROM :"admin_role";
+GRANT USAGE ON SCHEMA taskq TO :"admin_role";
+GRANT SELECT ON taskq.api_tokens, taskq.operator_audit, taskq.schema_migrations TO :"admin_role";
+GRANT EXECUTE ON FUNCTION taskq.token_create_v15(text, text, text[], text), taskq.token_revoke_v15(text, text)
+    TO :"admin_role";
+COMMIT;
+\endif

@@ -5,24 +5,19 @@
 -- ---- tokens ----------------------------------------------------------------------------------------
 
 -- name: token_insert
-INSERT INTO taskq.api_tokens (name, token_hash, grants, created_by)
-VALUES (%(name)s, %(token_hash)s, %(grants)s::text[], %(created_by)s)
-ON CONFLICT (name) DO NOTHING
-RETURNING name, grants, created_at, created_by, last_used_at, revoked_at;
+-- Through the owner function (the admin role): it checks the grants, sets created_by to session_user and
+-- writes the tokens:create audit row. No row when the name is taken.
+SELECT name, grants, created_at, created_by, last_used_at, revoked_at
+FROM taskq.token_create_v15(%(name)s, %(token_hash)s, %(grants)s::text[], %(os_user)s);
 
 -- name: token_list
 SELECT name, grants, created_at, created_by, last_used_at, revoked_at FROM taskq.api_tokens ORDER BY name;
 
 -- name: token_revoke
--- `changed` is false for a token already revoked; no row for an unknown name
-WITH old AS (
-    SELECT name, revoked_at IS NOT NULL AS was_revoked FROM taskq.api_tokens WHERE name = %(name)s FOR UPDATE
-), upd AS (
-    UPDATE taskq.api_tokens AS t SET revoked_at = now()
-    FROM old WHERE t.name = old.name AND NOT old.was_revoked
-    RETURNING t.name
-)
-SELECT old.name, (SELECT count(*) FROM upd) > 0 AS changed FROM old;
+-- Through the owner function (the admin role): revoked_at is written once, the token's dashboard sessions
+-- end, a tokens:revoke audit row is written. `changed` is false for a token already revoked; no row for an
+-- unknown name.
+SELECT name, changed FROM taskq.token_revoke_v15(%(name)s, %(os_user)s);
 
 -- name: token_lookup
 -- The live token with this hash, stamping last_used_at at most once a minute.
@@ -57,26 +52,19 @@ UPDATE taskq.operator_requests SET status = %(status)s, body = %(body)s::jsonb
 WHERE principal = %(principal)s AND key = %(key)s;
 
 -- name: audit_insert
--- One audit row per job touched (or one with no job, for a schedule), and for each job one 'operator'
--- event on its timeline, in the caller's transaction.
-WITH a AS (
-    INSERT INTO taskq.operator_audit (principal, action, outcome, queue, job_id, schedule, reason, request_id,
-                                      idempotency_key, expected_revision, revision, detail)
-    SELECT %(principal)s, %(action)s, u.outcome, u.queue, u.job_id, %(schedule)s, %(reason)s, %(request_id)s,
-           %(idempotency_key)s, %(expected_revision)s, u.revision, %(detail)s::jsonb
-    FROM unnest(%(job_ids)s::uuid[], %(queues)s::text[], %(revisions)s::bigint[], %(outcomes)s::text[])
-        AS u(job_id, queue, revision, outcome)
-    RETURNING id, job_id, outcome, revision
-), ev AS (
-    INSERT INTO taskq.job_events (job_id, kind, detail)
-    SELECT a.job_id, 'operator',
-           jsonb_strip_nulls(jsonb_build_object(
-               'principal', %(principal)s::text, 'action', %(action)s::text, 'outcome', a.outcome,
-               'reason', %(reason)s::text, 'request_id', %(request_id)s::text, 'audit_id', a.id,
-               'revision', a.revision))
-    FROM a WHERE a.job_id IS NOT NULL
-)
-SELECT count(*) FROM a;
+-- One audit row per job touched (or one with no job, for a schedule or a queue), and for each job one
+-- 'operator' event on its timeline, in the caller's transaction, through the owner function (the web
+-- role): it refuses an unknown action or outcome, a principal that is not a live token (or anonymous) and
+-- a job that is not in the queue given, and folds a refused write repeated within 60 s into its row.
+SELECT taskq.audit_write_v15(%(principal)s, %(action)s, %(schedule)s, %(reason)s, %(request_id)s,
+                             %(idempotency_key)s, %(expected_revision)s, %(detail)s::jsonb, %(job_ids)s::uuid[],
+                             %(queues)s::text[], %(revisions)s::bigint[], %(outcomes)s::text[]) AS written;
+
+-- name: audit_session
+-- One audit row for a CLI write (the client role): the principal is 'db:' || session_user, set by the
+-- database.
+SELECT taskq.audit_session_v15(%(action)s, %(outcome)s, %(job_id)s::uuid, %(queue)s, %(schedule)s, %(reason)s,
+                               %(detail)s::jsonb) AS written;
 
 -- name: audit_for_job
 -- A job's audit rows, newest first, at most %(limit)s, before the id %(before)s (NULL: from the newest),
@@ -103,6 +91,42 @@ SELECT job_id, attempt, claim_epoch, worker_id, started_at, finished_at, outcome
 FROM taskq.job_attempts WHERE job_id = %(id)s
 ORDER BY claim_epoch DESC
 LIMIT %(limit)s;
+
+-- ---- dashboard sessions -------------------------------------------------------------------------
+
+-- name: session_create
+INSERT INTO taskq.web_sessions (id_hash, token_name, csrf_secret, idle_expires_at, expires_at)
+VALUES (%(id_hash)s, %(token_name)s, %(csrf_secret)s, now() + %(idle)s * interval '1 second',
+        now() + %(absolute)s * interval '1 second')
+RETURNING id_hash, token_name, csrf_secret, created_at, idle_expires_at, expires_at;
+
+-- name: session_resolve
+-- The live session with this hash and its token's grants (none once ended, expired, or its token
+-- revoked), moving its idle expiry forward (written at most once per %(touch_after)s seconds).
+WITH s AS (
+    SELECT s.id_hash, s.token_name, s.csrf_secret, s.last_seen_at, s.expires_at, t.grants
+    FROM taskq.web_sessions AS s JOIN taskq.api_tokens AS t ON t.name = s.token_name
+    WHERE s.id_hash = %(id_hash)s AND s.ended_at IS NULL AND s.idle_expires_at > now() AND s.expires_at > now()
+      AND t.revoked_at IS NULL
+), touch AS (
+    UPDATE taskq.web_sessions AS w
+    SET last_seen_at = now(), idle_expires_at = least(now() + %(idle)s * interval '1 second', s.expires_at)
+    FROM s WHERE w.id_hash = s.id_hash AND s.last_seen_at < now() - %(touch_after)s * interval '1 second'
+)
+SELECT token_name, grants, csrf_secret FROM s;
+
+-- name: session_end
+UPDATE taskq.web_sessions SET ended_at = now() WHERE id_hash = %(id_hash)s AND ended_at IS NULL
+RETURNING token_name;
+
+-- name: session_prune
+-- At most %(limit)s sessions that can no longer be used (ended, idle past their expiry, or past their
+-- absolute limit), deleted.
+DELETE FROM taskq.web_sessions WHERE id_hash IN (
+    SELECT id_hash FROM taskq.web_sessions
+    WHERE ended_at IS NOT NULL OR idle_expires_at <= now() OR expires_at <= now()
+    LIMIT %(limit)s
+);
 
 -- ---- jobs ------------------------------------------------------------------------------------------
 

@@ -25,7 +25,8 @@ from taskq.backend.core import Backend
 from taskq.backend.params import row_to_job
 from taskq.models import JobRow
 
-__all__ = ["AuditEntry", "JobPage", "Tx", "fetch_all", "fetch_one", "page_params", "transaction"]
+__all__ = ["AuditEntry", "JobPage", "Tx", "audit", "audit_session", "fetch_all", "fetch_one", "page_params",
+           "transaction"]
 
 
 class _OneConnection:
@@ -149,7 +150,11 @@ class AuditEntry:
 async def audit(
     conn: AsyncConnection[Any], entry: AuditEntry, touched: list[tuple[UUID | None, str | None, int | None, str]]
 ) -> None:
-    """Write the audit rows (one per (job id, queue, revision, outcome) touched) in the caller's transaction."""
+    """Write the audit rows (one per (job id, queue, revision, outcome) touched) in the caller's transaction,
+    through the database's audit function (`taskq.audit_write_v15`, the web role's): it refuses an unknown
+    action or outcome, a principal that is not a live token's name nor `anonymous`, and a job not in the
+    queue given (the action's transaction then rolls back); a refused write (`conflict`,
+    `unique_key_held`) repeated by the same principal on the same job within 60 s only counts on its row."""
     await conn.execute(
         sql.query("audit_insert"),
         {
@@ -160,3 +165,15 @@ async def audit(
             "revisions": [t[2] for t in touched], "outcomes": [t[3] for t in touched],
         },
     )
+
+
+async def audit_session(
+    backend: Backend, action: str, outcome: str, *, job_id: UUID | None = None, queue: str | None = None,
+    schedule: str | None = None, reason: str | None = None, detail: dict[str, Any] | None = None,
+) -> None:
+    """One audit row for an operator write made from the CLI (`taskq.audit_session_v15`, the client role's):
+    the database sets the principal to `db:<session_user>`; a job given without its queue gets its own."""
+    await fetch_all(backend, "audit_session", {
+        "action": action, "outcome": outcome, "job_id": job_id, "queue": queue, "schedule": schedule,
+        "reason": reason, "detail": Jsonb(detail or {}),
+    })

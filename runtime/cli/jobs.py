@@ -9,6 +9,7 @@ from uuid import UUID
 
 from taskq.actors.declaration import default_registry
 from taskq.checks import check_reason
+from taskq.cli import _audit as audit
 from taskq.cli import dependencies as cli_dependencies
 from taskq.cli import output as cli_output
 from taskq.cli._base import FILTER_ARGS, JSON_ARG, PROG, Command, arg, emit, job_filter, read_payload, with_client
@@ -17,7 +18,7 @@ from taskq.client import JobHandle, JobsClient
 from taskq.enqueue import DEFAULT_MAX_PAYLOAD_BYTES, prepare_insert
 from taskq.exceptions import NotFound, UsageError
 from taskq.exitcodes import ExitCode
-from taskq.models import UNIQUE_SCOPES, JobFilter
+from taskq.models import UNIQUE_SCOPES, JobFilter, JobStatus
 from taskq.ops import queues
 
 DEFAULT_JOBS_LIMIT = 50
@@ -78,10 +79,15 @@ def cmd_cancel(args: argparse.Namespace) -> int:
                 result = await client.cancel(job_id, reason=reason)
             except KeyError:
                 raise NotFound(f"no job with id {job_id}") from None
+            outcome = "conflict" if not result.cancellation_initiated else (
+                "cancel_requested" if result.new_status == JobStatus.RUNNING else "cancelled")
+            await audit.record(client, "jobs:cancel", outcome, job_id=job_id, reason=reason)
             emit(cli_output.to_json(result) if args.json else cli_output.cancel_summary(result))
         else:
             assert flt is not None
             bulk = await client.cancel_where(flt, reason=reason)
+            await audit.record(client, "jobs:cancel", "cancelled" if bulk.job_ids else "unchanged", reason=reason,
+                               detail=audit.bulk_detail(bulk.by_previous_status, bulk.job_ids))
             emit(cli_output.to_json(bulk) if args.json else cli_output.bulk_cancel_summary(bulk))
         return ExitCode.OK
 

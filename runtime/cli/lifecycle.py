@@ -10,6 +10,7 @@ import argparse
 from uuid import UUID
 
 from taskq.checks import check_reason
+from taskq.cli import _audit as audit
 from taskq.cli import output as cli_output
 from taskq.cli._base import FILTER_ARGS, JSON_ARG, Command, arg, emit, job_filter, with_client
 from taskq.cli.progress import ProgressLine
@@ -35,6 +36,9 @@ def cmd_requeue(args: argparse.Namespace) -> int:
                 result = await client.requeue(job_id, reason=reason, attempts=args.attempts, cascade=args.cascade)
             except KeyError:
                 raise NotFound(f"no job with id {job_id}") from None
+            held_by = {"conflict_job_id": str(result.conflict_job_id)} if result.conflict_job_id else None
+            await audit.record(client, "jobs:requeue", "requeued" if result.requeued else "conflict", job_id=job_id,
+                               reason=reason, detail=held_by)
             emit(cli_output.to_json(result) if args.json else cli_output.requeue_summary(result))
             return ExitCode.OK
         assert flt is not None
@@ -44,6 +48,8 @@ def cmd_requeue(args: argparse.Namespace) -> int:
                                               cascade=args.cascade)
         finally:
             line.finish()
+        await audit.record(client, "jobs:requeue", "requeued" if bulk.job_ids else "unchanged", reason=reason,
+                           detail=audit.bulk_detail(bulk.by_previous_status, bulk.job_ids))
         emit(cli_output.to_json(bulk) if args.json else cli_output.bulk_requeue_summary(bulk))
         return ExitCode.OK
 

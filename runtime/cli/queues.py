@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 from taskq.backend.queues import UNSET
+from taskq.cli import _audit as audit
 from taskq.cli import output as cli_output
 from taskq.cli._base import JSON_ARG, Command, arg, emit, with_client
 from taskq.client import JobsClient
@@ -114,11 +115,15 @@ def cmd_queue(args: argparse.Namespace) -> int:
     async def body(client: JobsClient) -> int:
         if args.action == "limit":
             done = await client.set_queue_limits(name, reason=args.reason, **options)
+            await audit.record(client, "queues:limit", "limited", queue=name, reason=args.reason,
+                               detail={"limits": done.limits.model_dump(mode="json")})
             emit(cli_output.to_json(done) if args.json else f"{name}: {done.limits.describe()}")
             return ExitCode.OK
         # an unknown name raises QueueNotFound: exit 4, one line (taskq.cli.classify)
         action = client.pause_queue if args.action == "pause" else client.resume_queue
         result = await action(name, reason=args.reason)
+        await audit.record(client, f"queues:{args.action}", audit.pause_outcome(result.paused, result.changed),
+                           queue=name, reason=args.reason)
         emit(cli_output.to_json(result) if args.json else cli_output.pause_line(name, result.paused, result.changed))
         return ExitCode.OK
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from taskq.cli import _audit as audit
 from taskq.cli import output as cli_output
 from taskq.cli._base import JSON_ARG, Command, arg, emit, with_client
 from taskq.client import JobsClient
@@ -66,9 +67,12 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         # an unknown name raises ScheduleNotFound: exit 4, one line (taskq.cli.classify)
         if args.action == "trigger":
             made = await client.trigger_schedule(name)
+            await audit.record(client, "schedules:trigger", "triggered", job_id=made.job_id, schedule=name)
             emit(cli_output.to_json(made) if args.json else str(made.job_id))
             return ExitCode.OK
         result = await (client.pause_schedule(name) if args.action == "pause" else client.resume_schedule(name))
+        await audit.record(client, f"schedules:{args.action}", audit.pause_outcome(result.paused, result.changed),
+                           schedule=name)
         emit(cli_output.to_json(result) if args.json else cli_output.pause_line(name, result.paused, result.changed))
         return ExitCode.OK
 

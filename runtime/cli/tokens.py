@@ -1,8 +1,10 @@
 """`taskq tokens create NAME --grant ACTION@QUEUES ...`, `taskq tokens list`, `taskq tokens revoke NAME`:
 the CLI face of taskq.ops.tokens (the web API's bearer tokens).
 
-Registered in `taskq.cli.COMMANDS` through `commands()`. Exit codes: 0 done, 2 bad arguments (a bad
-name or grant), 4 no such token (revoke), 7 the name is taken (create).
+Registered in `taskq.cli.COMMANDS` through `commands()`. Exit codes: 0 done, 1 the database role may not
+(create and revoke need the admin role of sql/roles.sql or the owner), 2 bad arguments (a bad name or
+grant), 4 no such token (revoke), 7 the name is taken (create). `created_by` is the database role, and
+create and revoke each write an audit row (principal `db:<role>`).
 """
 
 from __future__ import annotations
@@ -10,9 +12,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+import psycopg
+
 from taskq.cli import output
 from taskq.cli._base import JSON_ARG, Command, arg, emit, with_client
 from taskq.client import JobsClient
+from taskq.exceptions import CliError
 from taskq.ops import tokens
 
 ACTIONS = ("create", "list", "revoke")
@@ -35,6 +40,13 @@ def cmd_tokens(args: argparse.Namespace) -> int:
         raise UsageError("--grant is for tokens create")
 
     async def body(client: JobsClient) -> int:
+        try:
+            return await run(client)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise CliError(f"tokens {args.action}: this database role may not ({exc.diag.message_primary}); "
+                           "run it as the admin role of sql/roles.sql (-v admin_role=...) or the owner") from None
+
+    async def run(client: JobsClient) -> int:
         if args.action == "create":
             info, raw = await tokens.create_token(client.backend, args.name, args.grant)
             if args.json:
@@ -73,7 +85,8 @@ def commands() -> tuple[Command, ...]:
                  f"jobs:read@*, jobs:cancel@billing-*; actions: {', '.join(tokens.ACTIONS)}, jobs:*, *. "
                  "Repeatable"),
              JSON_ARG),
-            description="create prints the token once (only its SHA-256 is stored). Exit codes: 0 done, 2 bad "
-            "arguments, 4 no such token, 7 the name is taken.",
+            description="create prints the token once (only its SHA-256 is stored). Run as the admin role of "
+            "sql/roles.sql (or the owner); created_by is that database role, and create and revoke are audited. "
+            "Exit codes: 0 done, 1 the database role may not, 2 bad arguments, 4 no such token, 7 the name is taken.",
         ),
     )

@@ -41,6 +41,19 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+MAX_SESSION_SECONDS = 366 * 86400.0
+
+
+def session_seconds_arg(text: str) -> float:
+    """A session timeout: seconds, from 60 to a year."""
+    import argparse
+
+    value = seconds_arg(text)
+    if not 60 <= value <= MAX_SESSION_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be from 60 seconds to a year ({MAX_SESSION_SECONDS:.0f}), got {text!r}")
+    return value
+
+
 def check_bind(host: str, auth: bool) -> None:
     """Serving without auth anywhere but loopback is refused (a UsageError, one line)."""
     from taskq.exceptions import UsageError
@@ -53,12 +66,18 @@ def check_bind(host: str, auth: bool) -> None:
 async def _probe(dsn: str, auth: bool) -> int:
     """Check the database and schema before serving (a clear error now rather than on the first request);
     the number of live tokens."""
+    import psycopg
+
     from taskq.backend import Backend
+    from taskq.exceptions import CliError
     from taskq.ops.tokens import list_tokens
 
     backend = await Backend.open(dsn, min_size=1, max_size=1)
     try:
         return sum(1 for t in await list_tokens(backend) if t.revoked_at is None) if auth else 0
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise CliError(f"this database role may not serve the web API ({exc.diag.message_primary}): run taskq web "
+                       "as the web role of sql/roles.sql (-v web_role=...) or the owner") from None
     finally:
         await backend.close()
 
@@ -149,7 +168,8 @@ def cmd_web(args: argparse.Namespace) -> int:
     config = WebConfig(dsn=dsn, auth=auth, poll_seconds=args.poll_interval,
                        cancellation_grace_period=args.cancellation_grace_period,
                        cleanup_grace_period=args.cleanup_grace_period, secure_cookies=args.secure_cookies,
-                       allowed_hosts=hosts, pool_size=args.pool_size, statement_timeout=args.statement_timeout)
+                       allowed_hosts=hosts, pool_size=args.pool_size, statement_timeout=args.statement_timeout,
+                       session_idle_seconds=args.session_idle, session_max_seconds=args.session_max)
     configure_logging(args.log_format)
     print(f"taskq: serving the dashboard on http://{args.host}:{args.port}/ and the API on /api/v1"
           + ("" if auth else " WITHOUT auth (loopback only)"), file=sys.stderr, flush=True)
@@ -174,8 +194,13 @@ def commands() -> tuple[Command, ...]:
                  "or the workers' default)"),
              arg("--cleanup-grace-period", type=seconds_arg, default=None, metavar="SECONDS",
                  help="likewise (default: TASKQ_CLEANUP_GRACE_PERIOD or the workers' default)"),
-             arg("--secure-cookies", action="store_true",
-                 help="mark the session cookie Secure (behind an HTTPS proxy)"),
+             arg("--secure-cookies", action="store_true", default=None,
+                 help="always mark the session cookie Secure (behind a TLS proxy on the same host); by default "
+                 "it is Secure unless served over plain HTTP on a loopback address"),
+             arg("--session-idle", type=session_seconds_arg, default=8 * 3600.0, metavar="SECONDS",
+                 help="a dashboard session ends after this long without a request (default 28800: 8 h)"),
+             arg("--session-max", type=session_seconds_arg, default=24 * 3600.0, metavar="SECONDS",
+                 help="a dashboard session ends this long after its login, whatever its use (default 86400)"),
              arg("--allowed-host", action="append", type=host_arg, metavar="NAME",
                  help="a name this server answers to in Host, besides localhost, 127.0.0.1, [::1] and the "
                  "--host address (repeatable; also TASKQ_WEB_ALLOWED_HOSTS, comma-separated; .example.com "

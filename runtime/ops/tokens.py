@@ -5,6 +5,13 @@ dashboard. One service function per action (create, list, revoke, authenticate),
 A grant is `ACTION@QUEUE-PATTERN`: ACTION is one of ACTIONS, `jobs:*` (every jobs action) or `*`; the
 pattern matches queue names, `*` standing for any run of characters (`billing-*`, `*`). A token is 256
 random bits shown once; only its SHA-256 is stored.
+
+Create and revoke go through owner functions of the database (migration 15: `token_create_v15`,
+`token_revoke_v15`, EXECUTE for the admin role of sql/roles.sql): they check the grants, set `created_by`
+to the database role that asked (`session_user`), keep `revoked_at` write-once, end a revoked token's
+dashboard sessions, and write the tokens:create / tokens:revoke audit row (principal `db:<role>`) in the
+same transaction. The OS user (`$USER@host`, which the environment can set to anything) goes to that
+audit row only, labelled `os_user_claimed`.
 """
 
 from __future__ import annotations
@@ -116,12 +123,14 @@ def check_token_name(name: object) -> str:
     return name
 
 
-def _operator() -> str:
+def os_user_claimed() -> str:
+    """What the environment says the OS user is (`$LOGNAME`/`$USER`@host): a hint for the audit row, never
+    an identity (created_by and the audit's principal come from the database)."""
     try:
         user = getpass.getuser()
     except Exception:
         user = "unknown"
-    return f"{user}@{os.uname().nodename}"
+    return f"{user}@{os.uname().nodename}"[:200]
 
 
 async def create_token(backend: Backend, name: str, grants: list[str]) -> tuple[TokenInfo, str]:
@@ -133,7 +142,7 @@ async def create_token(backend: Backend, name: str, grants: list[str]) -> tuple[
         raise ConfigurationError(f"at most {MAX_GRANTS} grants per token")
     parsed = [str(parse_grant(g)) for g in grants]
     raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    params = {"name": name, "token_hash": hash_token(raw), "grants": parsed, "created_by": _operator()}
+    params = {"name": name, "token_hash": hash_token(raw), "grants": parsed, "os_user": os_user_claimed()}
     row = await fetch_one(backend, "token_insert", params)
     if row is None:
         raise TokenExists(f"a token named {name!r} exists already (revoked tokens keep their name)")
@@ -146,7 +155,7 @@ async def list_tokens(backend: Backend) -> list[TokenInfo]:
 
 async def revoke_token(backend: Backend, name: str) -> bool:
     """Revoke NAME at once; False if it already was. TokenNotFound for an unknown name."""
-    row = await fetch_one(backend, "token_revoke", {"name": check_token_name(name)})
+    row = await fetch_one(backend, "token_revoke", {"name": check_token_name(name), "os_user": os_user_claimed()})
     if row is None:
         raise TokenNotFound(f"no token named {name!r}")
     return bool(row["changed"])

@@ -1,17 +1,21 @@
 """The dashboard: server-rendered pages (Jinja2), htmx for the live regions (short polling of the page's
 own region every few seconds: no new NOTIFY anywhere), forms for the writes.
 
-Sessions: a token login sets an HttpOnly, SameSite=Strict cookie holding the token (checked like a bearer
-token on each request, so a revoke ends the session within seconds). Every form carries a CSRF token
-(an HMAC of the session under a per-process secret), and a write whose Sec-Fetch-Site says another site
-sent it is refused. Each action form carries a fresh Idempotency-Key and the revision it was rendered
-with: a double submit replays, a stale page answers with a conflict banner and the new row.
+Sessions (taskq.web.sessions): a token login opens a server-side session and sets an HttpOnly,
+SameSite=Strict cookie with a Max-Age holding its random id, never the token (`Secure` unless served over
+plain HTTP on a loopback address, or as WebConfig.secure_cookies says). Each page resolves the session in
+the database: logout, its idle or absolute expiry and the token's revocation end it at once. Every form
+carries a CSRF token (an HMAC under the session's own secret, so any web process accepts it; without auth,
+a per-process secret), and a write whose Sec-Fetch-Site says another site sent it is refused. Each action
+form carries a fresh Idempotency-Key and the revision it was rendered with: a double submit replays, a
+stale page answers with a conflict banner and the new row.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -28,8 +32,8 @@ from taskq.actors.declaration import default_registry
 from taskq.exceptions import ConfigurationError, DatabaseUnavailable
 from taskq.models import JobStatus, QueueLimits
 from taskq.ops.queues import check_queue_name
-from taskq.ops.tokens import Principal
-from taskq.web import actions, reads
+from taskq.ops.tokens import Principal, authenticate
+from taskq.web import actions, reads, sessions
 from taskq.web.actions import BULK_LIMIT, Caller, Outcome
 from taskq.web.api import _KEY as IDEMPOTENCY_KEY
 from taskq.web.api import UNAVAILABLE_TEXT, state_of
@@ -71,19 +75,48 @@ def base_of(request: Request) -> str:
     return str(request.scope.get("root_path", "")).rstrip("/")
 
 
-def csrf_token(request: Request, session: str) -> str:
-    return hmac.new(state_of(request).secret, session.encode(), hashlib.sha256).hexdigest()[:40]
+SESSION_SCOPE = "taskq.session"
 
 
-def session_of(request: Request) -> str:
-    return request.cookies.get(COOKIE, "") if state_of(request).config.auth else "anonymous"
+def csrf_token(request: Request) -> str:
+    """The CSRF token of the request's session ("" without one); without auth, under the process's secret."""
+    st = state_of(request)
+    if not st.config.auth:
+        return hmac.new(st.secret, b"anonymous", hashlib.sha256).hexdigest()[:40]
+    session: sessions.Session | None = request.scope.get(SESSION_SCOPE)
+    return sessions.csrf_token(session) if session is not None else ""
+
+
+async def principal_of(request: Request) -> Principal | None:
+    """The principal of the request's dashboard session (resolved in the database, kept in the request's
+    scope for its CSRF check), `anonymous` without auth, None without a live session."""
+    st = state_of(request)
+    if not st.config.auth:
+        return await st.principal(None)
+    session = await st.session(request.cookies.get(COOKIE))
+    request.scope[SESSION_SCOPE] = session
+    return session.principal if session is not None else None
+
+
+def _secure(request: Request) -> bool:
+    forced = state_of(request).config.secure_cookies
+    if forced is not None:
+        return forced
+    if request.url.scheme == "https":
+        return True
+    server = request.scope.get("server")
+    host = str(server[0]) if server else ""
+    try:
+        return not (host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback)
+    except ValueError:
+        return True
 
 
 def render(request: Request, template: str, who: Principal | None, status: int = 200, **context: Any) -> HTMLResponse:
     base = base_of(request)
     html = ENV.get_template(template).render(
         request=request, base=base, who=who, nav=NAV, path=request.url.path.removeprefix(base) or "",
-        csrf=csrf_token(request, session_of(request)), new_key=uuid.uuid4().hex,
+        csrf=csrf_token(request), new_key=uuid.uuid4().hex,
         poll=state_of(request).config.poll_seconds, auth=state_of(request).config.auth, **context)
     return HTMLResponse(html, status_code=status, headers={"Cache-Control": "no-store"})
 
@@ -95,9 +128,8 @@ def page(fn: Page) -> Callable[[Request], Awaitable[Response]]:
     """A logged-in page: no session goes to the login page; a Problem renders as an error page."""
 
     async def wrapped(request: Request) -> Response:
-        st = state_of(request)
         try:
-            who = await st.principal(session_of(request) or None)
+            who = await principal_of(request)
         except DatabaseUnavailable:  # its text names the server: never shown to a client
             return render(request, "error.html", None, status=503, status_code=503, message=UNAVAILABLE_TEXT)
         if who is None:
@@ -125,7 +157,8 @@ async def check_csrf(request: Request) -> None:
     form = await read_form(request)
     request.scope["taskq.form"] = form
     sent = str(form.get("csrf", ""))
-    if not hmac.compare_digest(sent, csrf_token(request, session_of(request))):
+    expected = csrf_token(request)
+    if not expected or not hmac.compare_digest(sent, expected):
         raise Problem(403, "PERMISSION_DENIED", "the form's CSRF token is missing or stale: reload the page")
 
 
@@ -161,20 +194,31 @@ async def login(request: Request) -> Response:
     form = await read_form(request)
     token = str(form.get("token", "")).strip()
     try:
-        who = await st.principal(token) if token else None
-    except DatabaseUnavailable:
+        who = await authenticate(await st.backend(), token) if token else None
+    except DatabaseUnavailable:  # its text names the server: never shown to a client
         return render(request, "error.html", None, status=503, status_code=503, message=UNAVAILABLE_TEXT)
     if who is None:
         return render(request, "login.html", None, status=401, next=nxt, error="unknown or revoked token")
+    backend = await st.backend()
+    await sessions.prune(backend)
+    session_id, _ = await sessions.create(backend, who, idle_seconds=st.config.session_idle_seconds,
+                                          absolute_seconds=st.config.session_max_seconds)
     response = RedirectResponse(f"{base_of(request)}{nxt}", 303)
-    response.set_cookie(COOKIE, token, httponly=True, samesite="strict", secure=st.config.secure_cookies,
-                        path=(base_of(request) or "/"))
+    response.set_cookie(COOKIE, session_id, max_age=int(st.config.session_max_seconds), httponly=True,
+                        samesite="strict", secure=_secure(request), path=(base_of(request) or "/"))
     return response
 
 
 async def logout(request: Request) -> Response:
+    """End the session in the database (its cookie is refused from now on, wherever it is sent) and drop
+    the cookie."""
+    st = state_of(request)
+    session_id = request.cookies.get(COOKIE)
+    if st.config.auth and session_id:
+        await sessions.end(await st.backend(), session_id)
     response = RedirectResponse(f"{base_of(request)}/login", 303)
-    response.delete_cookie(COOKIE, path=(base_of(request) or "/"))
+    response.delete_cookie(COOKIE, path=(base_of(request) or "/"), httponly=True, samesite="strict",
+                           secure=_secure(request))
     return response
 
 

@@ -17,6 +17,7 @@ from taskq.backend.bounded import open_bounded
 from taskq.dsn import resolve_dsn
 from taskq.exceptions import ConfigurationError
 from taskq.ops.tokens import ANONYMOUS, Principal, authenticate, hash_token
+from taskq.web import sessions
 from taskq.web.guard import DEFAULT_ALLOWED_HOSTS
 
 TOKEN_CACHE_SECONDS = 5.0
@@ -48,7 +49,12 @@ class WebConfig:
     `allowed_hosts`: the names the app answers to in `Host` (any port; `.example.com` also its
     subdomains; `*` no check, for a reverse proxy that checks Host itself). `allowed_origins`: origins
     (`https://ops.example.com`) whose pages may write, besides the app's own. `pool_size`: database
-    connections; `statement_timeout` and `idle_in_transaction_timeout` (seconds) bound each of them."""
+    connections; `statement_timeout` and `idle_in_transaction_timeout` (seconds) bound each of them.
+
+    Dashboard sessions: `session_idle_seconds` without a request ends one (8 h), `session_max_seconds` ends
+    it whatever its use (24 h, also the cookie's Max-Age). `secure_cookies`: None marks the session cookie
+    `Secure` unless the request came to a loopback address of the server over plain HTTP (behind a TLS
+    proxy on the same host, say True); True or False forces it."""
 
     dsn: str | None = None
     auth: bool = True
@@ -57,7 +63,9 @@ class WebConfig:
     cleanup_grace_period: float | None = None
     poll_seconds: float = 2.0
     max_body_bytes: int = 1_048_576
-    secure_cookies: bool = False
+    secure_cookies: bool | None = None
+    session_idle_seconds: float = 8 * 3600.0
+    session_max_seconds: float = 24 * 3600.0
     allowed_hosts: tuple[str, ...] = DEFAULT_ALLOWED_HOSTS
     allowed_origins: tuple[str, ...] = ()
     pool_size: int = DEFAULT_POOL_SIZE
@@ -136,6 +144,13 @@ class WebState:
     def cached_principals(self) -> int:
         """How many principals of real tokens the cache holds (for tests and diagnostics)."""
         return len(self._tokens)
+
+    async def session(self, session_id: str | None) -> sessions.Session | None:
+        """The live dashboard session of a cookie's id (read from the database on every call: a logout,
+        an expiry or a revocation holds at once in every process); None without auth or without one."""
+        if not self.config.auth or not session_id:
+            return None
+        return await sessions.resolve(await self.backend(), session_id, idle_seconds=self.config.session_idle_seconds)
 
     def cached(self, key: str) -> Any:
         hit = self._stats.get(key)

@@ -19,7 +19,7 @@ from taskq.exceptions import MigrationError, SchemaNotReady, SchemaTooNew
 EXPECTED_TABLES = {
     "jobs", "job_events", "job_attempts", "workers", "lease_losses", "schema_migrations", "schedules",
     "api_tokens", "operator_requests", "operator_audit", "job_dependencies", "dependency_backlog",
-    "queues", "actor_limits", "queue_events", "rate_starts",
+    "queues", "actor_limits", "queue_events", "rate_starts", "web_sessions",
 }
 
 

@@ -16,16 +16,8 @@ SCHEMA = "taskq"
 ROLES_FILE = Path(__file__).resolve().parents[2] / "sql" / "roles.sql"
 
 _INVOKER = "runs with the caller's own privileges and is executable by PUBLIC (docs/security.md); "
-_PUBLIC_DEFINER = ("a trigger function, SECURITY DEFINER and never revoked from PUBLIC: any role may attach it to "
-                   "a table of its own (see PUBLIC_DEFINERS)")
 # What sql/roles.sql does not name today, and why. An object that gets its line, or goes, leaves this list.
 NOT_NAMED: dict[str, str] = {
-    "taskq.dependency_backlog": "owner-only by design (docs/security.md: neither role can write it); the settle "
-                                "functions, SECURITY DEFINER, write and read it. sql/invariants.sql reads it too, "
-                                "so `taskq check` fails under either role",
-    "taskq.record_lease_loss()": _PUBLIC_DEFINER,
-    "taskq.note_settled()": _PUBLIC_DEFINER,
-    "taskq.settle_dependents_stmt()": _PUBLIC_DEFINER,
     "taskq.settle_frontier(uuid[],text[],integer,uuid,uuid)": "owner-only: EXECUTE revoked from PUBLIC by its "
                                                               "migration, called only by the settle functions",
     "taskq.settle_chunk()": _INVOKER + "reads a setting",
@@ -34,12 +26,11 @@ NOT_NAMED: dict[str, str] = {
                                                                              "grants bound what it writes",
     "taskq.job_claim_queue_limited(text[],integer,text,double precision)": _INVOKER + "as job_claim_limited",
 }
-# The SECURITY DEFINER functions that PUBLIC may still execute. A bug, not fixed here: a role with a table of
-# its own (a temporary one will do, and PUBLIC may create those) can attach record_lease_loss to it and so
-# insert rows into taskq.lease_losses as the owner; a forged (worker, job, claim epoch) makes that worker stop
-# the running attempt. A trigger needs no EXECUTE on its function when it fires, so a migration can revoke
-# EXECUTE from PUBLIC on the three; then this list shrinks. A new definer function must revoke it at once.
-PUBLIC_DEFINERS = {"taskq.record_lease_loss()", "taskq.note_settled()", "taskq.settle_dependents_stmt()"}
+# The SECURITY DEFINER functions that PUBLIC may still execute: none. Migration 15 revoked it from the three
+# trigger functions (record_lease_loss, note_settled, settle_dependents_stmt: with it, a role could attach
+# record_lease_loss to a table of its own and forge lease losses as the owner); a trigger needs no EXECUTE on
+# its function to fire. A new definer function must revoke it at once.
+PUBLIC_DEFINERS: set[str] = set()
 
 _GRANT = re.compile(r"^(?:GRANT|REVOKE)\s+.*?\s+ON\s+(?P<objects>.*?)\s+(?:TO|FROM)\s+", re.IGNORECASE | re.DOTALL)
 _KIND = re.compile(r"^(?P<kind>FUNCTION|ROUTINE|PROCEDURE|TABLE|SEQUENCE|SCHEMA)\s+", re.IGNORECASE)

@@ -72,20 +72,23 @@ def psql_binary() -> str | None:
     return str(candidate) if candidate.exists() else None
 
 
-def apply_roles_script(dsn: str, *, worker: str, client: str) -> None:
+def apply_roles_script(dsn: str, *, worker: str, client: str, web: str | None = None) -> None:
     """Run sql/roles.sql with psql, as documented; without psql, the same statements through psycopg
-    (`:"name"` becomes the quoted identifier, psql meta-commands are dropped)."""
+    (`:"name"` becomes the quoted identifier, psql meta-commands are dropped: the optional web and admin
+    roles' sections then too, which needs psql)."""
     psql = psql_binary()
     if psql is not None:
         result = subprocess.run(
             [psql, dsn, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-v", f"worker_role={worker}",
-             "-v", f"client_role={client}", "-f", "-"],
+             "-v", f"client_role={client}", *(["-v", f"web_role={web}"] if web else []), "-f", "-"],
             input=roles_script(), capture_output=True, text=True, timeout=60, check=False,
         )
         assert result.returncode == 0, result.stderr
         return
     names = {"worker_role": worker, "client_role": client}
-    text = "\n".join(line for line in roles_script().splitlines() if not line.startswith("\\"))
+    assert web is None, "the web role's section of roles.sql needs psql (\\if)"
+    text = roles_script().split("\\if", 1)[0]  # the optional roles' sections need psql
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("\\"))
     text = re.sub(r':"(\w+)"', lambda m: pgsql.Identifier(names[m.group(1)]).as_string(), text)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(text.encode())
@@ -655,27 +658,38 @@ def test_the_roles_script_is_not_a_migration_and_defines_no_queries() -> None:
     assert ':"worker_role"' in text and ':"client_role"' in text
 
 
-# -- the web server under the client role ---------------------------------------------------------------
+# -- the web server under the web role ------------------------------------------------------------------
 
 
-async def test_the_web_server_runs_under_the_client_role_workers_page_and_queue_limits_included(
-    roles: Roles, dsn: str, tmp_path: Path
+async def test_the_web_server_runs_under_the_web_role_workers_page_and_queue_limits_included(
+    roles: Roles, admin_dsn: str, dsn: str, tmp_path: Path
 ) -> None:
-    """`taskq web` as the client role of roles.sql: every read page and route (the workers page and
+    """`taskq web` as the web role of roles.sql: every read page and route (the workers page and
     GET /workers read taskq.workers), a queue limit set through the API and through the dashboard's
     confirmed form, and the token bookkeeping, with no permission error anywhere."""
+    web_role = roles.client.replace("client", "web")
+    create_roles(admin_dsn, web_role)
+    try:
+        apply_roles_script(dsn, worker=roles.worker, client=roles.client, web=web_role)
+        await _the_web_server_under(make_conninfo(dsn, user=web_role), roles, dsn, tmp_path)
+    finally:
+        drop_roles(admin_dsn, dsn, web_role)
+
+
+async def _the_web_server_under(web_dsn: str, roles: Roles, dsn: str, tmp_path: Path) -> None:
     import httpx
     from testkit import WebServer
 
     from taskq.backend import Backend
     from taskq.ops.tokens import create_token
 
-    backend = await Backend.open(roles.client_dsn, max_size=1)
+    backend = await Backend.open(dsn, max_size=1)  # the owner: tokens are the admin role's, not the client's
     try:
         _, token = await create_token(backend, "ops", ["*@*"])
     finally:
         await backend.close()
-    web = WebServer(roles.client_dsn, log_path=tmp_path / "web.log")
+    query(dsn, "DELETE FROM taskq.operator_audit")  # the tokens:create row
+    web = WebServer(web_dsn, log_path=tmp_path / "web.log")
     try:
         async with running_worker(roles.worker_dsn, registry) as worker:
             async with await JobsClient.connect(roles.client_dsn, registry=registry) as client:

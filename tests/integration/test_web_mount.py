@@ -30,7 +30,8 @@ async def test_the_app_works_mounted_under_a_prefix(dsn: str) -> None:
     host = Starlette(routes=[Route("/", home), Mount("/taskq", app=taskq_app)])
     transport = httpx.ASGITransport(app=host)
     try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as c:
+        # https: the session cookie is Secure off loopback, and a client sends it back over https only
+        async with httpx.AsyncClient(transport=transport, base_url="https://testserver") as c:
             assert (await c.get("/")).text == "host app"
             api = await c.get("/taskq/api/v1/jobs", headers={"Authorization": f"Bearer {token}"})
             assert api.status_code == 200 and [j["id"] for j in api.json()["jobs"]] == [str(job[0])]

@@ -1,7 +1,8 @@
 """The dashboard in a real browser: headless Chromium (Debian's `chromium` and `chromium-driver`, which
 .ci/run installs) driven by Selenium with the system driver, against a real `taskq web` process, a real
 worker process and a real database. Log in, filter the jobs, open one, cancel it and watch its timeline
-update without a reload, and see its dependent job's edge; pause a schedule and a queue; take a
+update without a reload, and see its dependent job's edge; pause a schedule and a queue; log out and
+find the old session cookie refused; take a
 screenshot of every page (into $TASKQ_WEB_SCREENSHOTS when set, e.g. docs/web, else the test's tmp dir)."""
 
 from __future__ import annotations
@@ -250,5 +251,17 @@ def test_dashboard_in_a_real_browser(
         assert query(dsn, "SELECT action, count(*) FROM taskq.operator_audit WHERE principal = 'operator'"
                           " GROUP BY action ORDER BY action") == [
             ("jobs:cancel", 6), ("queues:limit", 1), ("queues:pause", 1), ("schedules:pause", 1)]
+
+        # log out: the session ends on the server, so the old cookie, sent again, opens nothing
+        session = b.get_cookie("taskq_session")
+        assert session is not None and session["value"] != token  # the cookie holds a session id, never the token
+        b.find_element(By.XPATH, "//header//form[contains(@action, '/logout')]//button").click()
+        wait_css(b, "#token")
+        assert b.get_cookie("taskq_session") is None
+        assert query(dsn, "SELECT count(*) FROM taskq.web_sessions WHERE ended_at IS NULL") == [(0,)]
+        b.add_cookie({"name": "taskq_session", "value": session["value"], "path": "/"})
+        b.get(web.url + "/jobs")
+        wait_css(b, "#token")  # the login page again
+        assert "/login" in b.current_url
     finally:
         web.stop()
