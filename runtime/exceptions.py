@@ -163,6 +163,11 @@ class TokenExists(TaskqError):
     """`taskq tokens create NAME` of a name already taken (revoked tokens keep their name)."""
 
 
+class TokenRevoked(TaskqError):
+    """The token a web request came with was revoked between its check and the audit row of its write
+    (the database's audit function writes rows only for live tokens): the write rolled back."""
+
+
 class DependencyInvalid(ConfigurationError):
     """`depends_on` or `dependency_mode` is invalid: an unknown mode, more parents than the limit
     (taskq.workflows.MAX_PARENTS), a parent that is a later job of the same graph (a cycle), or a parent

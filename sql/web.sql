@@ -70,7 +70,7 @@ SELECT taskq.audit_session_v15(%(action)s, %(outcome)s, %(job_id)s::uuid, %(queu
 -- A job's audit rows, newest first, at most %(limit)s, before the id %(before)s (NULL: from the newest),
 -- from operator_audit_job_idx.
 SELECT id, at, principal, action, outcome, queue, job_id, schedule, reason, request_id, idempotency_key,
-       expected_revision, revision, detail
+       expected_revision, revision, detail, db_role, repeats, last_repeat_at
 FROM taskq.operator_audit
 WHERE job_id = %(id)s AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
 ORDER BY id DESC

@@ -178,7 +178,7 @@ def supervisor_command(args: argparse.Namespace) -> int:
         web_port = getattr(args, "web_port", None)
         web = None if web_port is None else WebChild(
             dsn, args.web_host, web_port, backoff=options.restart_backoff, backoff_max=options.restart_backoff_max,
-            window=options.crash_window)
+            window=options.crash_window, app=options.app)
         supervisor = Supervisor(options, settings, dsn, registry, inherited, web)
         try:
             supervisor.bind_metrics()

@@ -28,7 +28,8 @@ log = logging.getLogger("taskq.supervisor")
 
 USAGE = 2
 MISSING_EXTRA = 8
-NOT_RETRIED = frozenset({USAGE, MISSING_EXTRA})
+IMPORT_ERROR = 10
+NOT_RETRIED = frozenset({USAGE, MISSING_EXTRA, IMPORT_ERROR})
 
 
 def _interpreter_flags() -> list[str]:
@@ -50,8 +51,9 @@ def describe(status: int) -> tuple[int, str]:
 
 class WebChild:
     def __init__(self, dsn: str, host: str, port: int, *, backoff: float = 0.5, backoff_max: float = 30.0,
-                 window: float = 60.0) -> None:
+                 window: float = 60.0, app: str | None = None) -> None:
         self.dsn = dsn
+        self.app = app
         self.host = host
         self.port = port
         self.backoff = backoff
@@ -70,7 +72,8 @@ class WebChild:
     def start(self) -> None:
         env = os.environ | {"TASKQ_DSN": self.dsn}
         self.proc = subprocess.Popen([sys.executable, *_interpreter_flags(), "-m", "taskq.cli", "web",
-                                      "--host", self.host, "--port", str(self.port)], env=env)
+                                      "--host", self.host, "--port", str(self.port),
+                                      *(("--app", self.app) if self.app else ())], env=env)
         self.restart_at = None
         log.info("web server (pid %d) on http://%s:%d/", self.proc.pid, self.host, self.port)
 

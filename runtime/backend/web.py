@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any, cast
 from uuid import UUID
 
+import psycopg
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
@@ -23,6 +24,7 @@ from psycopg_pool import AsyncConnectionPool
 from taskq import sql
 from taskq.backend.core import Backend
 from taskq.backend.params import row_to_job
+from taskq.exceptions import TokenRevoked
 from taskq.models import JobRow
 
 __all__ = ["AuditEntry", "JobPage", "Tx", "audit", "audit_session", "fetch_all", "fetch_one", "page_params",
@@ -155,6 +157,17 @@ async def audit(
     action or outcome, a principal that is not a live token's name nor `anonymous`, and a job not in the
     queue given (the action's transaction then rolls back); a refused write (`conflict`,
     `unique_key_held`) repeated by the same principal on the same job within 60 s only counts on its row."""
+    try:
+        await _audit_insert(conn, entry, touched)
+    except psycopg.errors.InsufficientPrivilege as exc:
+        if "neither a live token" not in str(exc):
+            raise
+        raise TokenRevoked(f"token {entry.principal!r} is no longer live (revoked): nothing was written") from None
+
+
+async def _audit_insert(
+    conn: AsyncConnection[Any], entry: AuditEntry, touched: list[tuple[UUID | None, str | None, int | None, str]]
+) -> None:
     await conn.execute(
         sql.query("audit_insert"),
         {

@@ -154,6 +154,11 @@ def cmd_web(args: argparse.Namespace) -> int:
             raise UsageError("give the DSN once: --dsn or --dsn-file, not both")
         args.dsn = read_dsn_file(args.dsn_file)
     hosts = allowed_hosts(args)
+    registry = None
+    if args.app is not None:
+        from taskq.worker.cli import load_app
+
+        registry = load_app(args.app)  # AppNotImportable: one line, exit 10
     try:
         import uvicorn
 
@@ -169,7 +174,8 @@ def cmd_web(args: argparse.Namespace) -> int:
                        cancellation_grace_period=args.cancellation_grace_period,
                        cleanup_grace_period=args.cleanup_grace_period, secure_cookies=args.secure_cookies,
                        allowed_hosts=hosts, pool_size=args.pool_size, statement_timeout=args.statement_timeout,
-                       session_idle_seconds=args.session_idle, session_max_seconds=args.session_max)
+                       session_idle_seconds=args.session_idle, session_max_seconds=args.session_max,
+                       registry=registry)
     configure_logging(args.log_format)
     print(f"taskq: serving the dashboard on http://{args.host}:{args.port}/ and the API on /api/v1"
           + ("" if auth else " WITHOUT auth (loopback only)"), file=sys.stderr, flush=True)
@@ -213,7 +219,10 @@ def commands() -> tuple[Command, ...]:
              arg("--dsn-file", default=None, metavar="PATH",
                  help="read the DSN from this file (one line), so it shows in no command line or environment"),
              arg("--log-format", choices=("text", "json"), default="text",
-                 help="log lines, the access log included, as text or JSON (default text)")),
+                 help="log lines, the access log included, as text or JSON (default text)"),
+             arg("--app", default=None, metavar="APP",
+                 help="the workers' APP (module:attribute): POST /api/v1/jobs then validates payloads against its "
+                 "actors and refuses a queue an actor is not bound to (400) before writing anything")),
             description="Auth: bearer tokens (`taskq tokens create NAME --grant ACTION@QUEUES`), also the "
             "dashboard's login. Exit codes: 0 stopped, 2 bad arguments or --no-auth off loopback, 3 database "
             "unreachable, 5 schema not ready, 8 the web extra is not installed.",

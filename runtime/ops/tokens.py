@@ -30,6 +30,7 @@ from taskq.backend import Backend
 from taskq.backend.web import fetch_all, fetch_one
 from taskq.checks import is_utf8
 from taskq.exceptions import ConfigurationError, TokenExists, TokenNotFound
+from taskq.patterns import queue_matches
 
 ACTIONS = (
     "jobs:read", "jobs:enqueue", "jobs:cancel", "jobs:requeue",
@@ -52,16 +53,12 @@ class Grant:
         return self.action in ("*", action) or (self.action.endswith(":*") and action.startswith(self.action[:-1]))
 
     def matches(self, queue: str) -> bool:
-        return _glob(self.pattern).fullmatch(queue) is not None
+        return queue_matches(self.pattern, queue)
 
     def like(self) -> str:
         """The pattern as a SQL LIKE pattern (backslash escapes)."""
         escaped = self.pattern.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         return escaped.replace("*", "%")
-
-
-def _glob(pattern: str) -> re.Pattern[str]:
-    return re.compile(".*".join(re.escape(part) for part in pattern.split("*")), re.S)
 
 
 def parse_grant(text: object) -> Grant:

@@ -17,7 +17,7 @@ from starlette.routing import BaseRoute, Route
 
 from taskq.actors.declaration import default_registry
 from taskq.enqueue import DEFAULT_MAX_PAYLOAD_BYTES, prepare_insert
-from taskq.exceptions import ConfigurationError, DatabaseUnavailable, PayloadInvalid, StatementTimeout
+from taskq.exceptions import ConfigurationError, DatabaseUnavailable, PayloadInvalid, StatementTimeout, TokenRevoked
 from taskq.ops.queues import check_queue_name
 from taskq.ops.tokens import Principal
 from taskq.web import actions, reads
@@ -87,6 +87,12 @@ def endpoint(fn: Handler) -> Handler:
             return problem_response(request, problem)
         except (ConfigurationError, PayloadInvalid) as exc:
             return problem_response(request, bad_request(str(exc)))
+        except TokenRevoked as exc:
+            who = request.scope.get("taskq.principal")
+            if isinstance(who, str):
+                state_of(request).forget_principal(who)
+            log.warning("web: %s %s: %s", request.method, request.url.path, exc)
+            return problem_response(request, Problem(401, "UNAUTHENTICATED", "unknown or revoked token"))
         except StatementTimeout as exc:
             log.warning("web: %s %s: %s", request.method, request.url.path, exc)
             return problem_response(request, Problem(503, "UNAVAILABLE", STATEMENT_TIMEOUT_TEXT))

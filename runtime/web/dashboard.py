@@ -29,7 +29,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from taskq.actors.declaration import default_registry
-from taskq.exceptions import ConfigurationError, DatabaseUnavailable
+from taskq.exceptions import ConfigurationError, DatabaseUnavailable, TokenRevoked
 from taskq.models import JobStatus, QueueLimits
 from taskq.ops.queues import check_queue_name
 from taskq.ops.tokens import Principal, authenticate
@@ -145,6 +145,8 @@ def page(fn: Page) -> Callable[[Request], Awaitable[Response]]:
             return render(request, "error.html", who, status=400, status_code=400, message=str(exc))
         except DatabaseUnavailable:
             return render(request, "error.html", who, status=503, status_code=503, message=UNAVAILABLE_TEXT)
+        except TokenRevoked:  # revoked while this page's write ran: the write rolled back
+            return RedirectResponse(f"{base_of(request)}/login?{urlencode({'next': request.url.path})}", 303)
 
     wrapped.__name__ = fn.__name__
     return wrapped

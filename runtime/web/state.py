@@ -141,6 +141,11 @@ class WebState:
             _put(self._tokens, key, (now + TOKEN_CACHE_SECONDS, found), TOKEN_CACHE_SIZE)
         return found
 
+    def forget_principal(self, name: str) -> None:
+        """Drop the cached principal of token `name` (the database found it revoked before the cache did)."""
+        for key in [k for k, (_, who) in self._tokens.items() if who.name == name]:
+            del self._tokens[key]
+
     def cached_principals(self) -> int:
         """How many principals of real tokens the cache holds (for tests and diagnostics)."""
         return len(self._tokens)

@@ -623,6 +623,8 @@ CASES: list[Case] = [
          "invalid cron expression", lambda e: worker_cli(e, "taskq_bad_schedule_app:app")),
     Case("cli-worker-app-missing-module", "cli", "taskq worker no_such_module:actors", "exit 10", "cannot import",
          lambda e: worker_cli(e, "no_such_module:actors")),
+    Case("cli-web-app-missing-module", "cli", "taskq web --app no_such_module:actors", "exit 10", "cannot import",
+         lambda e: cli(e, "web", "--app", "no_such_module:actors")),
     Case("cli-worker-app-not-actors", "cli", "taskq worker os:path (not actors)", "exit 10", "os:path",
          lambda e: worker_cli(e, "os:path")),
     Case("cli-run-app-broken", "cli", "taskq run taskq_testapp:nothing_here", "exit 10", "no attribute",

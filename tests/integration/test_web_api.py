@@ -157,6 +157,20 @@ async def test_a_revoked_token_stops_working(api: Api, dsn: str) -> None:
         await wait_for(refused, timeout=20, interval=0.5)
 
 
+async def test_a_write_by_a_token_revoked_while_cached_answers_401_and_changes_nothing(api: Api, dsn: str) -> None:
+    """The web process still holds the principal (its 5 s cache) when the token is revoked; the database's
+    audit function refuses the write's audit row, so the write rolls back and the answer is 401, not 500."""
+    target = job(dsn, "billing-eu")
+    async with api.client("billing") as c:
+        assert (await c.get(f"/jobs/{target}")).status_code == 200  # the principal is now cached
+        query(dsn, "SELECT taskq.token_revoke_v15('billing', NULL)")
+        answer = await c.post(f"/jobs/{target}:cancel", json={"reason": "after revoke"})
+        assert answer.status_code == 401, answer.text
+        assert (await c.get(f"/jobs/{target}")).status_code == 401  # the cached principal was dropped
+    assert query(dsn, "SELECT status FROM taskq.jobs WHERE id = %s", target) == [("pending",)]
+    assert query(dsn, "SELECT count(*) FROM taskq.operator_audit WHERE job_id = %s", target) == [(0,)]
+
+
 # -- cancel status codes ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("status", ["pending", "scheduled"])

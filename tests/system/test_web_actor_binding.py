@@ -1,7 +1,7 @@
 """A token confined to one queue cannot start code bound to another, end to end with real processes.
 
 The app declares `billing.refund_all` (queue billing, writes a file when it runs) and `sandbox.echo`
-(queue sandbox). A token holds `jobs:*@sandbox`. A `taskq web` process that has imported the app refuses
+(queue sandbox). A token holds `jobs:*@sandbox`. A `taskq web --app` process refuses
 to enqueue billing.refund_all into sandbox (400). A `taskq web` that does not know the app accepts the job
 by name; a real `taskq worker APP --queues sandbox` then fails it as ActorQueueMismatch, and the file the
 actor would write never appears. An unknown actor's failure does not list the worker's actors."""
@@ -71,13 +71,12 @@ class Processes:
         return proc
 
     def web(self, name: str, *, knows_app: bool) -> str:
-        """A real `taskq web` process; `knows_app`: the app is imported into it first (its actors join the
-        default registry the web checks enqueues against)."""
+        """A real `taskq web` process; `knows_app`: started with `--app` (the web checks enqueues against its
+        actors)."""
         port = _free_port()
         cli = ["web", "--port", str(port)]
         if knows_app:
-            launcher = "import sys, h1app; from taskq.cli import main; sys.exit(main(sys.argv[1:]))"
-            proc = self.start(name, ["-c", launcher, *cli])
+            proc = self.start(name, ["-m", "taskq.cli", *cli, "--app", "h1app:actors"])
         else:
             proc = self.start(name, ["-m", "taskq.cli", *cli])
         url = f"http://127.0.0.1:{port}"
