@@ -45,3 +45,42 @@ def check_reason(reason: str | None) -> str | None:
             "reason must be text of at most 10,000 characters of valid Unicode without NUL"
         )
     return reason
+
+
+MAX_FAIRNESS_KEY = 200
+"""Longest fairness key (characters); the empty key is jobs enqueued without one."""
+MAX_FAIRNESS_WEIGHT = 1_000_000.0
+
+
+def check_fairness_key(value: str | None, *, allow_empty: bool = False) -> str | None:
+    """A job's fairness key (a tenant, a customer): None (the empty key) or 1-200 characters of valid
+    Unicode without control characters. `allow_empty`: '' names the empty key (weights of jobs without
+    one) and is returned as ''."""
+    if value is None:
+        return None
+    if (
+        not isinstance(value, str)
+        or len(value) > MAX_FAIRNESS_KEY
+        or (not value and not allow_empty)
+        or any(ch < " " or "\x7f" <= ch <= "\x9f" for ch in value)
+        or not is_utf8(value)
+    ):
+        empty = " (or '' for jobs enqueued without a key)" if allow_empty else ""
+        raise ConfigurationError(
+            f"fairness_key must be 1-{MAX_FAIRNESS_KEY} characters of valid Unicode without control "
+            f"characters{empty}, got {value!r}"
+        )
+    return value
+
+
+def check_fairness_weight(value: object) -> float:
+    """A fairness weight: a finite number > 0 (at most 1,000,000); a key's share of starts is its weight
+    over the sum of the weights of the keys with jobs ready."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigurationError(f"weight must be a number greater than 0, got {value!r}")
+    weight = float(value)
+    if not (0 < weight <= MAX_FAIRNESS_WEIGHT):  # NaN fails every comparison
+        raise ConfigurationError(
+            f"weight must be a finite number greater than 0 and at most {MAX_FAIRNESS_WEIGHT:,.0f}, got {value!r}"
+        )
+    return weight
