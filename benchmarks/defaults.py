@@ -17,8 +17,8 @@ Systems (each in a database of its own on the one server; its own virtualenv and
 
 Cases: `defaults` (no settings at all: what a user gets) and, for taskq, `wide` (`--concurrency 500
 --claim-batch-size 200`, the setting of throughput.py), and for this checkout `keys` (the defaults, with the
-backlog spread over 1,000 fairness keys of equal weight: docs/fairness.md). Every (system, case, worker count) runs once per
-round, the order rotated from round to round so that a burst of noise does not land on one of them;
+backlog spread over 1,000 fairness keys of equal weight: docs/fairness.md). Every (system, case, worker
+count) runs once per round, the order rotated from round to round so that a burst of noise does not land on one of them;
 medians over the rounds are reported, with max/min of jobs/s (steadiness).
 
 One run of a variant: the backlog (`--jobs` no-op jobs, all due) is written straight into the table

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import enum
+import math
 from datetime import datetime
 from typing import Annotated, Any
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, StringConstraints, field_serializer, model_validator
 
 
 class JobStatus(enum.StrEnum):
@@ -126,6 +127,11 @@ class JobRow(BaseModel):
     """Its place among the ready jobs of its queue and priority when the queue shares by key (claims take
     the smallest first); None in a queue without fair share, infinite until a job written to start later
     is due."""
+
+    @field_serializer("fair_tag", when_used="json")
+    def _finite_tag(self, tag: float | None) -> float | None:
+        # JSON has no infinity: a job not yet tagged (due later) shows null
+        return tag if tag is not None and math.isfinite(tag) else None
 
     @property
     def is_terminal(self) -> bool:

@@ -140,3 +140,10 @@ async def test_the_database_refuses_a_bad_key_written_directly(dsn: str) -> None
         query(dsn, "INSERT INTO taskq.fairness_weights (queue, key, weight) VALUES ('q', 'k', 'NaN')")
     with pytest.raises(psycopg.errors.CheckViolation):
         query(dsn, "INSERT INTO taskq.fairness_weights (queue, key, weight) VALUES ('q', 'k', 0)")
+
+
+async def test_a_job_not_yet_tagged_serializes_to_json(client: JobsClient, dsn: str) -> None:
+    handle = await client.enqueue(noop, 1, fairness_key="A", scheduled_at=timedelta(hours=1))
+    row = await handle.refresh()
+    assert row.fair_tag == float("inf") and row.fairness_key == "A"
+    assert row.model_dump(mode="json")["fair_tag"] is None  # JSON has no infinity (the web API answers it)

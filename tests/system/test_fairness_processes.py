@@ -4,6 +4,7 @@ their meaning. The order of starts is read from job_attempts (claim time, then t
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -86,7 +87,7 @@ def test_priorities_and_per_key_limits_keep_their_meaning(dsn: str, spawn_worker
     intervals = query(dsn, """
         SELECT a.started_at, a.finished_at FROM taskq.job_attempts AS a JOIN taskq.jobs AS j ON j.id = a.job_id
         WHERE j.fairness_key = 'A' ORDER BY a.started_at""")
-    for (_, end), (start, _) in zip(intervals, intervals[1:], strict=False):
+    for (_, end), (start, _) in itertools.pairwise(intervals):
         assert start >= end, "two jobs of key A ran at once under concurrency_per_key=1"
     # A's share is used up by its limit; B takes the slots A cannot use and does not wait for A's 40
     b_last = max(i for i, key in enumerate(order) if key == "B")
