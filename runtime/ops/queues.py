@@ -175,7 +175,7 @@ async def job_wait_reason(backend: Backend, job_id: UUID) -> str | None:
         return None
     fair = await queue_store.job_fair_wait_state(backend, job_id)
     reasons = [describe_wait(state), *(describe_fair_wait(fair) if fair is not None else [])]
-    return "; ".join(r for r in reasons if r) or None
+    return "; ".join([r for r in reasons if r]) or None
 
 
 async def job_fairness_key(backend: Backend, job_id: UUID) -> str | None:

@@ -145,7 +145,7 @@ def job_wait_reason(backend: SyncBackend, job_id: UUID) -> str | None:
         return None
     fair = queue_store_sync.job_fair_wait_state(backend, job_id)
     reasons = [describe_wait(state), *(describe_fair_wait(fair) if fair is not None else [])]
-    return "; ".join((r for r in reasons if r)) or None
+    return "; ".join([r for r in reasons if r]) or None
 
 
 def job_fairness_key(backend: SyncBackend, job_id: UUID) -> str | None:

@@ -164,10 +164,11 @@ async def readable_job(backend: Backend, who: Principal, job_id: UUID) -> JobRow
 async def job_detail(backend: Backend, who: Principal, job_id: UUID) -> dict[str, Any]:
     """The row (with its revision), events, attempts, audit, parents and children, the cancel ladder's
     clocks, and `waiting`: why a due waiting job has not started (its queue is paused, a limit is used up,
-    no worker has a free slot of its actor's isolation class, its fairness key's share is used), or null. `parents` are the jobs this one depends on and `children` the jobs that depend on it (the
-    edges of taskq.job_dependencies, each with the other job's status now and how the edge resolved),
-    then the jobs spawned with parent_id (a spawned child shows as {"id", "status", "actor",
-    "spawned": true}); edges to jobs of queues the caller may not read are left out."""
+    no worker has a free slot of its actor's isolation class, its fairness key's share is used), or null.
+    `parents` are the jobs this one depends on and `children` the jobs that depend on it (the edges of
+    taskq.job_dependencies, each with the other job's status now and how the edge resolved), then the jobs
+    spawned with parent_id (a spawned child shows as {"id", "status", "actor", "spawned": true}); edges to
+    jobs of queues the caller may not read are left out."""
     row = await readable_job(backend, who, job_id)
     events = await fetch_all(backend, "job_events_page", {"id": job_id, "before": None, "limit": DETAIL_ROWS + 1})
     attempts = await fetch_all(backend, "job_attempts_newest", {"id": job_id, "limit": DETAIL_ROWS + 1})

@@ -769,10 +769,33 @@ CASES += WEB_CASES
 LONG_KEY = "k" * 201
 
 
+Run = Callable[[Env], Outcome | Awaitable[Outcome]]
+
+
+def _client_weight(key: str, weight: Any, queue: str = "seed") -> Run:
+    return lambda e: client_call(e, lambda c: c.set_fairness_weight(queue, key, weight))
+
+
+def _client_enqueue_key(key: str) -> Run:
+    return lambda e: client_call(e, lambda c: c.enqueue("matrix.x", 1, fairness_key=key))
+
+
+def _cli(*args: str) -> Run:
+    return lambda e: cli(e, *args)
+
+
+def _web_weight(key: str, body: bytes, queue: str = "seed") -> Run:
+    path = f"/api/v1/queues/{queue}/fairness-weights/{quote(key, safe='')}"
+    return lambda e: web_call(e, "PUT", path, content=body, headers={"Content-Type": "application/json"})
+
+
+def _web_enqueue_key(key: str) -> Run:
+    return lambda e: web_call(e, "POST", "/api/v1/jobs", json={"actor": "a", "fairness_key": key})
+
+
 def _weight_cases() -> list[Case]:
     """Each bad weight or key, and a weight for a queue that does not exist, on the three faces; the
     fingerprint covers taskq.fairness_weights and taskq.fair_queues (nothing may be written)."""
-    put = "/api/v1/queues/{queue}/fairness-weights/{key}"
     weights: list[tuple[str, str, Any, str, str]] = [
         # id, shown, client value, CLI text, JSON body
         ("zero", "0", 0, "0", '{"weight": 0}'),
@@ -786,47 +809,36 @@ def _weight_cases() -> list[Case]:
     for wid, shown, value, text, body in weights:
         cases += [
             Case(f"client-fairness-weight-{wid}", "client", f"set_fairness_weight('seed', 'k', {shown})",
-                 "ConfigurationError", "weight",
-                 lambda e, v=value: client_call(e, lambda c: c.set_fairness_weight("seed", "k", v))),
+                 "ConfigurationError", "weight", _client_weight("k", value)),
             Case(f"cli-fairness-weight-{wid}", "cli", f"taskq queue weight seed k {text}", "exit 2", "weight",
-                 lambda e, t=text: cli(e, "queue", "weight", "seed", "k", t)),
+                 _cli("queue", "weight", "seed", "k", text)),
             Case(f"web-fairness-weight-{wid}", "web", f"PUT /queues/seed/fairness-weights/k {body}",
-                 "400 INVALID_ARGUMENT", "weight",
-                 lambda e, b=body: web_call(e, "PUT", put.format(queue="seed", key="k"), content=b.encode(),
-                                            headers={"Content-Type": "application/json"})),
+                 "400 INVALID_ARGUMENT", "weight", _web_weight("k", body.encode())),
         ]
     keys: list[tuple[str, str, str]] = [("long", "a key of 201 characters", LONG_KEY),
                                         ("control", "a key with a control character", "a\x07b")]
     for kid, shown, key in keys:
         cases += [
             Case(f"client-fairness-key-{kid}", "client", f"set_fairness_weight('seed', {shown}, 2)",
-                 "ConfigurationError", "fairness_key",
-                 lambda e, k=key: client_call(e, lambda c: c.set_fairness_weight("seed", k, 2))),
+                 "ConfigurationError", "fairness_key", _client_weight(key, 2)),
             Case(f"client-enqueue-fairness-key-{kid}", "client", f"enqueue(fairness_key={shown})",
-                 "ConfigurationError", "fairness_key",
-                 lambda e, k=key: client_call(e, lambda c: c.enqueue("matrix.x", 1, fairness_key=k))),
+                 "ConfigurationError", "fairness_key", _client_enqueue_key(key)),
             Case(f"cli-fairness-key-{kid}", "cli", f"taskq queue weight seed <{shown}> 2", "exit 2", "fairness_key",
-                 lambda e, k=key: cli(e, "queue", "weight", "seed", k, "2")),
+                 _cli("queue", "weight", "seed", key, "2")),
             Case(f"cli-enqueue-fairness-key-{kid}", "cli", f"taskq enqueue --fairness-key <{shown}>", "exit 2",
-                 "fairness_key",
-                 lambda e, k=key: cli(e, "enqueue", "matrix.x", "--payload", "1", "--fairness-key", k)),
+                 "fairness_key", _cli("enqueue", "matrix.x", "--payload", "1", "--fairness-key", key)),
             Case(f"web-fairness-key-{kid}", "web", f"PUT /queues/seed/fairness-weights/<{shown}>",
-                 "400 INVALID_ARGUMENT", "fairness_key",
-                 lambda e, k=key: web_call(e, "PUT", put.format(queue="seed", key=quote(k, safe="")),
-                                           json={"weight": 2})),
+                 "400 INVALID_ARGUMENT", "fairness_key", _web_weight(key, b'{"weight": 2}')),
             Case(f"web-enqueue-fairness-key-{kid}", "web", f"POST /jobs fairness_key=<{shown}>",
-                 "400 INVALID_ARGUMENT", "fairness_key",
-                 lambda e, k=key: web_call(e, "POST", "/api/v1/jobs", json={"actor": "a", "fairness_key": k})),
+                 "400 INVALID_ARGUMENT", "fairness_key", _web_enqueue_key(key)),
         ]
     cases += [
         Case("client-fairness-weight-unknown-queue", "client", "set_fairness_weight('nope', 'k', 2)",
-             "QueueNotFound", "no queue named 'nope'",
-             lambda e: client_call(e, lambda c: c.set_fairness_weight("nope", "k", 2))),
+             "QueueNotFound", "no queue named 'nope'", _client_weight("k", 2, queue="nope")),
         Case("cli-fairness-weight-unknown-queue", "cli", "taskq queue weight nope k 2", "exit 4",
-             "no queue named 'nope'", lambda e: cli(e, "queue", "weight", "nope", "k", "2")),
+             "no queue named 'nope'", _cli("queue", "weight", "nope", "k", "2")),
         Case("web-fairness-weight-unknown-queue", "web", "PUT /queues/nope/fairness-weights/k", "404 NOT_FOUND",
-             "no queue named 'nope'",
-             lambda e: web_call(e, "PUT", put.format(queue="nope", key="k"), json={"weight": 2})),
+             "no queue named 'nope'", _web_weight("k", b'{"weight": 2}', queue="nope")),
     ]
     return cases
 

@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from itertools import pairwise
 from typing import Any
 from uuid import UUID
 
@@ -48,8 +49,8 @@ def one_line_error(done: subprocess.CompletedProcess[str]) -> str:
 
 
 def tags(dsn: str, queue: str, key: str | None) -> list[float]:
-    return [r[0] for r in query(dsn, "SELECT fair_tag FROM taskq.jobs WHERE queue = %s AND fairness_key IS NOT DISTINCT "
-                                     "FROM %s ORDER BY fair_tag", queue, key)]
+    return [r[0] for r in query(dsn, "SELECT fair_tag FROM taskq.jobs WHERE queue = %s "
+                                     "AND fairness_key IS NOT DISTINCT FROM %s ORDER BY fair_tag", queue, key)]
 
 
 def weights_rows(dsn: str) -> list[tuple[Any, ...]]:
@@ -71,13 +72,13 @@ async def test_a_weight_respaces_the_keys_ready_jobs_and_weight_one_removes_it(d
         await client.enqueue("fair.a", i, queue="fq", fairness_key="tenant-1")
     await client.enqueue("fair.a", 9, queue="fq")
     before = tags(dsn, "fq", "tenant-1")
-    assert [b - a for a, b in zip(before, before[1:], strict=False)] == [1.0, 1.0]
+    assert [b - a for a, b in pairwise(before)] == [1.0, 1.0]
 
     done = await client.set_fairness_weight("fq", "tenant-1", 4)
     assert (done.queue, done.key, done.weight, done.previous, done.retagged, done.changed) == (
         "fq", "tenant-1", 4.0, 1.0, 3, True)
     after = tags(dsn, "fq", "tenant-1")
-    assert [b - a for a, b in zip(after, after[1:], strict=False)] == [0.25, 0.25]
+    assert [b - a for a, b in pairwise(after)] == [0.25, 0.25]
     assert await client.fairness_weights("fq") == {"tenant-1": 4.0}
     assert query(dsn, "SELECT queue FROM taskq.fair_queues") == [("fq",)]
 
@@ -203,8 +204,9 @@ async def test_taskq_job_says_its_keys_share_is_used_and_shows_the_key(dsn: str,
     small = [await client.enqueue("fair.a", i, queue="fq", fairness_key="small") for i in range(5)]
     live_worker(dsn, "w1", ["fq"], {"fair.a": "async"})
     ahead = query(dsn, "SELECT count(*) FROM taskq.jobs AS r, taskq.jobs AS j WHERE j.id = %s AND r.queue = 'fq' "
-                       "AND r.fairness_key = 'big' AND (r.fair_tag, r.scheduled_at, r.id) < (j.fair_tag, j.scheduled_at, "
-                       "j.id)", small[-1].job_id)[0][0]
+                       "AND r.fairness_key = 'big' "
+                       "AND (r.fair_tag, r.scheduled_at, r.id) < (j.fair_tag, j.scheduled_at, j.id)",
+                  small[-1].job_id)[0][0]
     assert ahead >= 4
     shown = cli(dsn, "job", str(small[-1].job_id))
     assert shown.returncode == 0, shown.stderr
