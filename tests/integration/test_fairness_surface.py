@@ -31,7 +31,7 @@ pytestmark = pytest.mark.timeout(120)
 
 def query(dsn: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        cur = conn.execute(sql, params)
+        cur = conn.execute(sql, params or None)
         return cur.fetchall() if cur.description else []
 
 
@@ -407,3 +407,38 @@ async def test_the_dashboard_queue_page_shows_keys_and_weights_and_sets_a_weight
     assert weights_rows(dsn) == [("fq", "", 0.25), ("fq", "tenant-1", 3.0)]
     assert query(dsn, "SELECT principal, outcome FROM taskq.operator_audit WHERE action = 'queues:limit'") == [
         ("anonymous", "limited")]
+
+
+# -- plans -----------------------------------------------------------------------------------------------
+
+def test_the_key_table_and_the_wait_reasons_read_the_queues_index_entries_on_a_30000_job_backlog(dsn: str) -> None:
+    """`taskq queues --keys` and `taskq job` on a queue with 30,000 ready jobs beside 60,000 finished and
+    waiting jobs of other queues: no sequential scan of taskq.jobs, and well under a second each."""
+    from time import perf_counter
+
+    from taskq import sql
+
+    query(dsn, "INSERT INTO taskq.fair_queues (queue) VALUES ('fq')")
+    query(dsn, "INSERT INTO taskq.jobs (id, actor, queue, payload, fairness_key, fair_tag, scheduled_at) "
+               "SELECT gen_random_uuid(), 'fair.a', 'fq', '1', 'tenant-' || (i % 50), i, now() - interval '1 hour' "
+               "FROM generate_series(1, 30000) AS i")
+    query(dsn, "INSERT INTO taskq.jobs (id, actor, queue, payload, status, attempt, started_at, finished_at) "
+               "SELECT gen_random_uuid(), 'fair.a', 'q' || (i % 5), '1', 'succeeded', 1, now() - interval '2 hours', "
+               "now() - interval '2 hours' FROM generate_series(1, 30000) AS i")
+    query(dsn, "INSERT INTO taskq.jobs (id, actor, queue, payload) SELECT gen_random_uuid(), 'fair.a', 'other', '1' "
+               "FROM generate_series(1, 30000)")
+    query(dsn, "VACUUM ANALYZE taskq.jobs")
+    last = query(dsn, "SELECT id FROM taskq.jobs WHERE queue = 'fq' ORDER BY fair_tag DESC LIMIT 1")[0][0]
+    for name, params in [("queue_fair_keys", {"name": "fq", "limit": 1000}),
+                         ("job_fair_wait_state", {"id": last, "cap": 100_000})]:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            plan = "\n".join(r[0] for r in conn.execute("EXPLAIN (ANALYZE, COSTS OFF) " + sql.query(name), params))
+            started = perf_counter()
+            rows = conn.execute(sql.query(name), params).fetchall()
+            took = perf_counter() - started
+        assert not re.search(r"Seq Scan on jobs", plan), plan
+        assert took < 1.0, (name, took)
+        assert rows
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        ahead = conn.execute(sql.query("job_fair_wait_state"), {"id": last, "cap": 100_000}).fetchone()
+    assert ahead is not None and ahead[-1] == 29_400  # the other 49 keys' 600 jobs each
