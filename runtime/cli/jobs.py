@@ -36,9 +36,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         "unique_key": args.unique_key,
         "unique_scope": args.unique_scope,
         "concurrency_key": args.concurrency_key,
+        "fairness_key": args.fairness_key,
     }
-    if args.fairness_key is not None:
-        options["fairness_key"] = args.fairness_key
     # every check enqueue makes, before touching the database: a bad value is a usage error even offline
     prepare_insert(
         args.actor, payload, registry=default_registry, max_payload_bytes=DEFAULT_MAX_PAYLOAD_BYTES, **options
@@ -118,14 +117,11 @@ def cmd_job(args: argparse.Namespace) -> int:
         attempts = await client.attempts(job_id)
         edges = await cli_dependencies.read(client, job_id)
         waiting = await queues.job_wait_reason(client.backend, job_id)
-        fairness_key = await queues.job_fairness_key(client.backend, job_id)
         if args.json:
             emit(cli_output.to_json({"job": handle.row, "events": events, "attempts": attempts,
-                                     "dependencies": cli_dependencies.to_plain(edges), "waiting": waiting,
-                                     "fairness_key": fairness_key}))
+                                     "dependencies": cli_dependencies.to_plain(edges), "waiting": waiting}))
         else:
-            emit(cli_output.job_detail(handle.row, events, attempts, waiting=waiting, fairness_key=fairness_key)
-                 + "\n\n"
+            emit(cli_output.job_detail(handle.row, events, attempts, waiting=waiting) + "\n\n"
                  + cli_output.printable(cli_dependencies.section(edges), newlines=True))
         return ExitCode.OK
 

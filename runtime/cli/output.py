@@ -122,7 +122,7 @@ def _lease(row: JobRow) -> str:
 
 
 def job_detail(row: JobRow, events: Sequence[JobEvent], attempts: Sequence[JobAttempt], *,
-               waiting: str | None = None, fairness_key: str | None = None) -> str:
+               waiting: str | None = None) -> str:
     """One job as a person reads it: the row (with what a waiting job waits for), then its timeline, then
     its attempts."""
     error = NONE
@@ -147,7 +147,7 @@ def job_detail(row: JobRow, events: Sequence[JobEvent], attempts: Sequence[JobAt
         ("tags", ", ".join(row.tags) or NONE),
         ("unique key", f"{row.unique_key} (scope {row.unique_scope})" if row.unique_key else NONE),
         ("limit key", row.concurrency_key or NONE),  # concurrency_key, for per-key limits
-        ("fairness key", fairness_key or NONE),
+        ("fairness key", row.fairness_key or NONE),
         ("requeues", str(row.requeue_count)),
         ("created", when(row.created_at)),
         ("scheduled", when(row.scheduled_at)),

@@ -178,12 +178,6 @@ async def job_wait_reason(backend: Backend, job_id: UUID) -> str | None:
     return "; ".join([r for r in reasons if r]) or None
 
 
-async def job_fairness_key(backend: Backend, job_id: UUID) -> str | None:
-    """The job's fairness key (None: jobs without a key; also for a job that does not exist)."""
-    fair = await queue_store.job_fair_wait_state(backend, job_id)
-    return fair.fairness_key if fair is not None else None
-
-
 def describe_fair_wait(state: FairWaitState) -> list[str]:
     """What else holds a due waiting job, in words: no worker slot of its actor's class, its key's share."""
     if state.status not in ("pending", "scheduled") or not state.due:

@@ -146,9 +146,3 @@ def job_wait_reason(backend: SyncBackend, job_id: UUID) -> str | None:
     fair = queue_store_sync.job_fair_wait_state(backend, job_id)
     reasons = [describe_wait(state), *(describe_fair_wait(fair) if fair is not None else [])]
     return "; ".join([r for r in reasons if r]) or None
-
-
-def job_fairness_key(backend: SyncBackend, job_id: UUID) -> str | None:
-    """The job's fairness key (None: jobs without a key; also for a job that does not exist)."""
-    fair = queue_store_sync.job_fair_wait_state(backend, job_id)
-    return fair.fairness_key if fair is not None else None

@@ -359,8 +359,7 @@ async def enqueue_job(request: Request) -> Response:
         max_payload_bytes=min(DEFAULT_MAX_PAYLOAD_BYTES, st.config.max_body_bytes), queue=parsed.queue,
         priority=parsed.priority, tags=parsed.tags, scheduled_at=parsed.scheduled_at,
         max_attempts=parsed.max_attempts, schedule_to_close=parsed.schedule_to_close,
-        unique_key=parsed.unique_key, unique_scope=parsed.unique_scope,
-        **({"fairness_key": parsed.fairness_key} if parsed.fairness_key is not None else {}))
+        unique_key=parsed.unique_key, unique_scope=parsed.unique_scope, fairness_key=parsed.fairness_key)
     outcome = await actions.enqueue(await st.backend(), caller(request, who), job,
                                     request_fingerprint=fingerprint(request, body))
     return outcome_response(request, outcome)

@@ -213,7 +213,7 @@ async def test_taskq_job_says_its_keys_share_is_used_and_shows_the_key(dsn: str,
     assert re.search(r"^fairness key\s+small$", shown.stdout, re.MULTILINE), shown.stdout
     assert f"its key's share is used: {ahead} ready jobs of other keys come first" in shown.stdout
     as_json = json.loads(cli(dsn, "job", str(small[-1].job_id), "--json").stdout)
-    assert as_json["fairness_key"] == "small"
+    assert as_json["job"]["fairness_key"] == "small"
     assert as_json["waiting"] == f"its key's share is used: {ahead} ready jobs of other keys come first"
     # the first job of the queue waits on nothing but a claim
     first = query(dsn, "SELECT id FROM taskq.jobs WHERE queue = 'fq' ORDER BY priority, fair_tag, scheduled_at, id "
@@ -303,6 +303,8 @@ async def test_the_api_sets_weights_idempotently_with_audit_and_lists_keys_by_gr
         assert slash.status_code == 200 and slash.json()["key"] == "eu/tenant"
         elsewhere = await c.put("/queues/other/fairness-weights/k", json={"weight": 2})
         assert elsewhere.status_code == 403
+        assert (await c.put("/queues/ghost/fairness-weights/k", json={"weight": 2})).status_code == 403
+    async with api(app, tokens["admin"]) as c:
         unknown = await c.put("/queues/ghost/fairness-weights/k", json={"weight": 2})
         assert unknown.status_code == 404 and unknown.json()["code"] == "NOT_FOUND"
     assert weights_rows(dsn) == [("fq", "", 0.5), ("fq", "eu/tenant", 2.0), ("fq", "tenant-1", 3.0),
