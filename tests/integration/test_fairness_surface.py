@@ -346,8 +346,8 @@ async def test_the_api_sets_weights_idempotently_with_audit_and_lists_keys_by_gr
     ("/queues/fq/fairness-weights/" + "k" * 201, b'{"weight": 2}', "fairness_key must be 1-200 characters"),
     ("/queues/fq/fairness-weights/a%01b", b'{"weight": 2}', "fairness_key must be 1-200 characters"),
     ("/queues/fq/fairness-weights/~x", b'{"weight": 2}', "key: '~x' is no fairness key"),
-    ("/jobs", b'{"actor": "fair.a", "queue": "fq", "fairness_key": "a\\u0007b"}', "fairness_key"),
-    ("/jobs", b'{"actor": "fair.a", "queue": "fq", "fairness_key": 7}', "fairness_key"),
+    ("/jobs", b'{"actor": "fair.a", "queue": "fq", "fairness_key": "a\\u0007b"}', "fairness_key must be 1-200"),
+    ("/jobs", b'{"actor": "fair.a", "queue": "fq", "fairness_key": 7}', "fairness_key: Input should be a valid string"),
 ])
 async def test_the_api_answers_bad_weights_and_keys_with_400_naming_the_field(
         dsn: str, client: JobsClient, web: tuple[Any, dict[str, str]], path: str, body: bytes, fragment: str) -> None:
