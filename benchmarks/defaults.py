@@ -16,7 +16,8 @@ Systems (each in a database of its own on the one server; its own virtualenv and
   `benchmarks/pgqueuer_app.py worker`: one asyncpg connection, every option at its default.
 
 Cases: `defaults` (no settings at all: what a user gets) and, for taskq, `wide` (`--concurrency 500
---claim-batch-size 200`, the setting of throughput.py). Every (system, case, worker count) runs once per
+--claim-batch-size 200`, the setting of throughput.py), and for this checkout `keys` (the defaults, with the
+backlog spread over 1,000 fairness keys of equal weight: docs/fairness.md). Every (system, case, worker count) runs once per
 round, the order rotated from round to round so that a burst of noise does not land on one of them;
 medians over the rounds are reported, with max/min of jobs/s (steadiness).
 
@@ -82,6 +83,15 @@ TASKQ_FILL_SQL = """
 INSERT INTO taskq.jobs (id, actor, payload)
 SELECT uuidv7(), 'bench.noop', to_jsonb(g) FROM generate_series(1, %(jobs)s) AS g
 """
+# case `keys`: the same backlog with KEYS fairness keys of equal weight, enqueued in turn, tagged as producers
+# tag them (sql/0016_fair_claims.sql: a key's i-th job at base + i); the queue is fair
+KEYS = 1000
+TASKQ_KEYED_FILL_SQL = """
+WITH fair AS (INSERT INTO taskq.fair_queues (queue) VALUES ('default') ON CONFLICT DO NOTHING)
+INSERT INTO taskq.jobs (id, actor, payload, fairness_key, fair_tag)
+SELECT uuidv7(), 'bench.noop', to_jsonb(g), 'tenant-' || (g %% %(keys)s), 1000.0 + g / %(keys)s
+FROM generate_series(1, %(jobs)s) AS g
+"""
 TASKQ_DONE_SQL = "SELECT count(*) FROM taskq.jobs WHERE status = 'succeeded'"
 TASKQ_DRAIN_SQL = "SELECT extract(epoch FROM max(finished_at) - min(started_at)) FROM taskq.jobs"
 TASKQ_BATCHES_SQL = """
@@ -137,8 +147,8 @@ def as_url(dsn: str) -> str:
 
 
 def case_settings(case: str) -> dict[str, Any]:
-    """`defaults` -> no settings; `wide` -> WIDE; anything else is `field=value+field=value` (flags)."""
-    if case == "defaults":
+    """`defaults` and `keys` -> no settings; `wide` -> WIDE; anything else is `field=value+field=value` (flags)."""
+    if case in ("defaults", "keys"):
         return {}
     if case == "wide":
         return dict(WIDE)
@@ -169,7 +179,7 @@ def install(system: System) -> None:
     subprocess.run(cmd, cwd=system.root, env=system.env(), check=True, capture_output=True)
 
 
-def fill(system: System, jobs: int) -> None:
+def fill(system: System, jobs: int, *, keyed: bool = False) -> None:
     with psycopg.connect(system.dsn, autocommit=True) as conn:
         if system.kind == "pgqueuer":
             conn.execute(PGQ_RESET_SQL)
@@ -178,7 +188,10 @@ def fill(system: System, jobs: int) -> None:
             conn.execute("VACUUM ANALYZE pgqueuer")
         else:
             conn.execute(TASKQ_RESET_SQL)
-            conn.execute(TASKQ_FILL_SQL, {"jobs": jobs})
+            if keyed:
+                conn.execute(TASKQ_KEYED_FILL_SQL, {"jobs": jobs, "keys": KEYS})
+            else:
+                conn.execute(TASKQ_FILL_SQL, {"jobs": jobs})
             conn.execute("VACUUM ANALYZE taskq.jobs")
         conn.execute("CHECKPOINT")
 
@@ -209,7 +222,7 @@ def snap(conn: psycopg.Connection[Any], system: System, server: ServerCpu, pids:
 
 
 def drain(system: System, case: str, workers: int, jobs: int, timeout: float, tag: str) -> dict[str, Any]:
-    fill(system, jobs)
+    fill(system, jobs, keyed=case == "keys")
     settings = case_settings(case)
     logs = RESULTS_DIR / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -381,8 +394,9 @@ def main() -> None:
         parser.error(f"--systems: unknown {', '.join(unknown)} (known: {', '.join(known)})")
     systems = [known[name] for name in args.systems.split(",")]
     counts = [int(w) for w in args.workers.split(",")]
+    # `keys` needs fair share (migration 16): this checkout only
     variants = [(s, case, w) for case in args.cases.split(",") for s in systems for w in counts
-                if case == "defaults" or s.kind == "taskq"]
+                if case == "defaults" or (s.kind == "taskq" and (case != "keys" or s.name == "taskq"))]
     info = machine()
     params = vars(args) | {"json": str(args.json)}
     print(f"defaults: load average {info['loadavg']} on {info['cpus']} CPUs at the start", file=sys.stderr)

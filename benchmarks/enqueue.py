@@ -40,6 +40,8 @@ from taskq.dsn import redact_dsn, resolve_dsn
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "enqueue.json"
 SINGLE_TARGET_RATIO = 0.80  # (a) must reach 80 % of (b)
 BATCH_100_TARGET = 75_000.0  # jobs/s
+KEYS = 1000
+"""Fairness keys of the keyed measurements (e) and (f)."""
 
 registry = ActorRegistry()
 
@@ -194,9 +196,38 @@ async def bench_enqueue_many(client: JobsClient, pid: int, seconds: float, batch
     return await _timed(seconds, step, pid)
 
 
+async def bench_enqueue_keyed(client: JobsClient, pid: int, seconds: float) -> Sample:
+    """(e) as (a), each job with one of KEYS fairness keys in turn (a fair queue: each enqueue tags its job)."""
+    counter = 0
+
+    async def step() -> int:
+        nonlocal counter
+        counter += 1
+        await client.enqueue(resize, _payload(counter), fairness_key=f"tenant-{counter % KEYS}")
+        return 1
+
+    return await _timed(seconds, step, pid)
+
+
+async def bench_enqueue_many_keyed(client: JobsClient, pid: int, seconds: float, batch: int) -> Sample:
+    """(f) as (c), each job of the batch with its own key of KEYS, in turn."""
+    counter = 0
+
+    async def step() -> int:
+        nonlocal counter
+        payloads = [_payload(counter + i) for i in range(batch)]
+        keys: list[str | None] = [f"tenant-{(counter + i) % KEYS}" for i in range(batch)]
+        counter += batch
+        await client.enqueue_many(resize, payloads, fairness_key=keys)
+        return batch
+
+    return await _timed(seconds, step, pid)
+
+
 async def _truncate(dsn: str) -> None:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute("TRUNCATE taskq.jobs, taskq.job_events")
+        # fair_queues too: a queue made fair by the keyed measurements would tag the others' jobs
+        await conn.execute("TRUNCATE taskq.jobs, taskq.job_events, taskq.fair_queues")
         await conn.execute("VACUUM ANALYZE taskq.jobs")
 
 
@@ -236,6 +267,18 @@ async def run(dsn: str, seconds: float, rounds: int, slices: int) -> dict[str, A
                 "enqueue_many_1000",
                 "(d) enqueue_many, batches of 1000",
                 lambda s: bench_enqueue_many(client, client_pid, s, 1000),
+                [],
+            ),
+            Measurement(
+                "enqueue_single_keyed",
+                "(e) (a) with 1 of 1,000 fairness keys",
+                lambda s: bench_enqueue_keyed(client, client_pid, s),
+                [],
+            ),
+            Measurement(
+                "enqueue_many_100_keyed",
+                "(f) (c) with 1,000 fairness keys",
+                lambda s: bench_enqueue_many_keyed(client, client_pid, s, 100),
                 [],
             ),
         ]
@@ -289,7 +332,8 @@ async def run(dsn: str, seconds: float, rounds: int, slices: int) -> dict[str, A
 
 
 def print_table(results: dict[str, Any]) -> None:
-    names = ["enqueue_single", "raw_insert_single", "enqueue_many_100", "enqueue_many_1000"]
+    names = ["enqueue_single", "raw_insert_single", "enqueue_many_100", "enqueue_many_1000", "enqueue_single_keyed",
+             "enqueue_many_100_keyed"]
     print(f"{'measurement':<38} {'jobs/s':>9} {'client us':>10} {'server us':>10}   rounds (jobs/s)")
     for name in names:
         r = results[name]

@@ -1,6 +1,6 @@
 """Enqueue → actor start latency at a steady 50 jobs/s with one idle worker process.
 
-    python benchmarks/latency.py [--dsn DSN] [--rate 50] [--seconds 20] [--json out.json]
+    python benchmarks/latency.py [--dsn DSN] [--rate 50] [--seconds 20] [--fairness-keys N] [--json out.json]
 
 One worker subprocess (`python -m taskq.worker benchmarks.apps:actors`, default settings, so
 `poll_interval` is 1 s and polling cannot explain a millisecond figure: the wake-up is the
@@ -8,6 +8,7 @@ LISTEN/NOTIFY path). The benchmark enqueues one job per commit with `JobsClient.
 schedule; the payload is `time.time()` taken just before the call, and the actor returns
 `time.time()` when it starts (same host, same clock). Reported: that difference (p50/p99/max), the
 same measured from the moment `enqueue` returned (the commit is done), and the enqueue call itself.
+`--fairness-keys N`: each job has one of N fairness keys in turn (a fair queue: docs/fairness.md).
 """
 
 from __future__ import annotations
@@ -75,11 +76,11 @@ async def wait_all_done(client: JobsClient, ids: list[UUID], timeout: float = 30
     raise RuntimeError("jobs did not finish in time")
 
 
-async def drive(dsn: str, rate: float, seconds: float) -> dict[str, Any]:
-    return (await drive_many([dsn], rate, seconds))[0]
+async def drive(dsn: str, rate: float, seconds: float, keys: int = 0) -> dict[str, Any]:
+    return (await drive_many([dsn], rate, seconds, keys))[0]
 
 
-async def drive_many(dsns: Sequence[str], rate: float, seconds: float) -> list[dict[str, Any]]:
+async def drive_many(dsns: Sequence[str], rate: float, seconds: float, keys: int = 0) -> list[dict[str, Any]]:
     """`rate` jobs/s into each database for `seconds`, one job per commit, all databases at once: one
     producer task per database on its own schedule, the schedules staggered by 1 / (rate x databases)
     so that the commits interleave. Each database's figures then come from the same seconds of the
@@ -94,7 +95,7 @@ async def drive_many(dsns: Sequence[str], rate: float, seconds: float) -> list[d
         await asyncio.sleep(0.5)
         start = time.perf_counter() + 0.1
         runs = await asyncio.gather(*(
-            _produce(client, start + k / (rate * len(clients)), rate, int(rate * seconds))
+            _produce(client, start + k / (rate * len(clients)), rate, int(rate * seconds), keys)
             for k, client in enumerate(clients)
         ))
         return [await _collect(client, *run) for client, run in zip(clients, runs, strict=True)]
@@ -104,7 +105,7 @@ async def drive_many(dsns: Sequence[str], rate: float, seconds: float) -> list[d
 
 
 async def _produce(client: JobsClient, start: float, rate: float,
-                   count: int) -> tuple[dict[UUID, float], list[float], int]:
+                   count: int, keys: int = 0) -> tuple[dict[UUID, float], list[float], int]:
     """`count` jobs on the schedule `start + i / rate`; returns when each enqueue returned, how long each
     call took, and how many times the schedule was already past when a job was due."""
     returned: dict[UUID, float] = {}
@@ -117,7 +118,10 @@ async def _produce(client: JobsClient, start: float, rate: float,
         else:
             late += 1
         sent = time.time()
-        handle = await client.enqueue(STAMP, sent)
+        if keys:
+            handle = await client.enqueue(STAMP, sent, fairness_key=f"tenant-{i % keys}")
+        else:
+            handle = await client.enqueue(STAMP, sent)
         back = time.time()
         returned[handle.job_id] = back
         call_ms.append(1000 * (back - sent))
@@ -159,9 +163,11 @@ def main() -> None:
     parser.add_argument("--dsn", default=None, help=DSN_HELP)
     parser.add_argument("--rate", type=float, default=50.0, help="jobs enqueued per second")
     parser.add_argument("--seconds", type=float, default=20.0, help="how long to keep enqueueing")
+    parser.add_argument("--fairness-keys", type=int, default=0, help="one of N fairness keys per job, in turn")
     parser.add_argument("--json", type=Path, default=RESULTS_DIR / "latency.json")
     args = parser.parse_args()
-    params = {"rate": args.rate, "seconds": args.seconds, "worker": "1 process, default settings "
+    params = {"rate": args.rate, "seconds": args.seconds, "fairness_keys": args.fairness_keys,
+              "worker": "1 process, default settings "
               "(poll_interval 1 s, concurrency unset: 200)", "actor": STAMP}
     info = machine()
     with bench_database(args.dsn, "latency") as dsn:
@@ -170,7 +176,7 @@ def main() -> None:
         proc = spawn_worker(dsn, APP, {}, RESULTS_DIR / "logs" / "latency-worker.log")
         try:
             wait_for_listener(dsn)
-            result = asyncio.run(drive(dsn, args.rate, args.seconds))
+            result = asyncio.run(drive(dsn, args.rate, args.seconds, args.fairness_keys))
         finally:
             codes = stop_workers([proc])
     report = header("latency", params, info, server_info) | {

@@ -56,7 +56,7 @@ CREATE INDEX jobs_claim_idx ON taskq.jobs (queue, priority, fair_tag NULLS FIRST
 DROP INDEX taskq.jobs_claim_actor_idx;
 CREATE INDEX jobs_claim_actor_idx ON taskq.jobs (actor, queue, priority, fair_tag NULLS FIRST, scheduled_at, id)
     WHERE status IN ('pending', 'scheduled');
--- a key's last tag (fair_base_v16), its ready jobs (retag, taskq queues --keys); only tagged rows
+-- a key's last tag (fair_bases_v16), its ready jobs (retag, taskq queues --keys); only tagged rows
 CREATE INDEX jobs_fair_key_idx ON taskq.jobs (queue, (coalesce(fairness_key, '')), priority, fair_tag)
     WHERE status IN ('pending', 'scheduled') AND fair_tag IS NOT NULL;
 
@@ -64,26 +64,26 @@ CREATE INDEX jobs_fair_key_idx ON taskq.jobs (queue, (coalesce(fairness_key, '')
 CREATE INDEX jobs_fair_later_idx ON taskq.jobs (queue, scheduled_at)
     WHERE fair_tag = 'Infinity' AND status IN ('pending', 'scheduled');
 
--- Where the next jobs of a key start: {base, step}; the i-th of them (from 1) gets base + i * step.
--- p_due false (the job starts later): {Infinity, 0}, promoted when due. Marks the queue fair for a key.
-CREATE FUNCTION taskq.fair_base_v16(p_queue text, p_key text, p_priority integer, p_due boolean)
-    RETURNS float8[]
+-- Where the next jobs of each key start: (key, base, step) per key of p_keys ('' = jobs without a key); the
+-- i-th job of a key (from 1) gets base + i * step. One head for all the keys; a key goes on from its own
+-- last tag when it is backlogged. p_due false (the jobs start later): base Infinity, tagged when due.
+-- Marks the queue fair when a key is given.
+CREATE FUNCTION taskq.fair_bases_v16(p_queue text, p_keys text[], p_priority integer, p_due boolean)
+    RETURNS TABLE (key text, base float8, step float8)
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog SET jit = off
 AS $fn$
+#variable_conflict use_column
 DECLARE
-    v_step float8;
     v_head float8;
-    v_last float8;
 BEGIN
     IF NOT p_due THEN
-        RETURN ARRAY['Infinity'::float8, 0];
+        RETURN QUERY SELECT k.k, 'Infinity'::float8, 0::float8 FROM unnest(p_keys) AS k(k);
+        RETURN;
     END IF;
-    IF p_key <> '' THEN
+    IF '' <> ANY(p_keys) AND NOT EXISTS (SELECT 1 FROM taskq.fair_queues AS f WHERE f.queue = p_queue) THEN
         INSERT INTO taskq.fair_queues (queue) VALUES (p_queue) ON CONFLICT DO NOTHING;
     END IF;
-    v_step := 1.0 / coalesce((SELECT w.weight FROM taskq.fairness_weights AS w
-                              WHERE w.queue = p_queue AND w.key = p_key), 1.0);
     -- the head: the next due job of this priority in claim order (jobs_claim_idx)
     v_head := (SELECT j.fair_tag FROM taskq.jobs AS j
                WHERE j.status IN ('pending', 'scheduled') AND j.queue = p_queue AND j.priority = p_priority
@@ -99,13 +99,17 @@ BEGIN
              ORDER BY j.fair_tag DESC NULLS LAST LIMIT 1),
             (extract(epoch FROM now()) - 1767225600) * 1000);
     END IF;
-    -- the key's own last tag (jobs_fair_key_idx): a backlogged key goes on from there
-    v_last := (SELECT j.fair_tag FROM taskq.jobs AS j
-               WHERE j.status IN ('pending', 'scheduled') AND j.queue = p_queue
-                 AND coalesce(j.fairness_key, '') = p_key AND j.priority = p_priority
-                 AND j.fair_tag IS NOT NULL AND j.fair_tag < 'Infinity'
-               ORDER BY j.fair_tag DESC LIMIT 1);
-    RETURN ARRAY[greatest(v_head, v_last), v_step];
+    RETURN QUERY
+    SELECT k.k,
+           -- the key's own last tag (jobs_fair_key_idx): a backlogged key goes on from there
+           greatest(v_head, (SELECT j.fair_tag FROM taskq.jobs AS j
+                             WHERE j.status IN ('pending', 'scheduled') AND j.queue = p_queue
+                               AND coalesce(j.fairness_key, '') = k.k AND j.priority = p_priority
+                               AND j.fair_tag IS NOT NULL AND j.fair_tag < 'Infinity'
+                             ORDER BY j.fair_tag DESC LIMIT 1)),
+           1.0 / coalesce(w.weight, 1.0)
+    FROM unnest(p_keys) AS k(k)
+    LEFT JOIN taskq.fairness_weights AS w ON w.queue = p_queue AND w.key = k.k;
 END
 $fn$;
 
@@ -170,7 +174,8 @@ BEGIN
         WHERE f.queue = ANY(p_queues) AND j.status IN ('pending', 'scheduled') AND j.fair_tag = 'Infinity'
           AND j.scheduled_at <= now()
     LOOP
-        v_base := taskq.fair_base_v16(g.queue, g.key, g.priority, true);
+        v_base := (SELECT ARRAY[b.base, b.step]
+                   FROM taskq.fair_bases_v16(g.queue, ARRAY[g.key], g.priority, true) AS b);
         UPDATE taskq.jobs AS j SET fair_tag = v_base[1] + r.n * v_base[2], revision = j.revision + 1
         FROM (SELECT l.id, row_number() OVER (ORDER BY l.scheduled_at, l.id) AS n
               FROM (SELECT k.id, k.scheduled_at FROM taskq.jobs AS k

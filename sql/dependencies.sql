@@ -53,9 +53,9 @@ WITH locked AS (
     FROM decided AS d CROSS JOIN unnest(%(ids)b::uuid[], %(payloads)b::text[]) WITH ORDINALITY AS u(id, payload, ord)
     -- a fair queue's tag, from the enqueue (sql/0016_fair_claims.sql): released, the job goes first of its key
     LEFT JOIN LATERAL (
-        SELECT b.x[1] AS base, b.x[2] AS step
-        FROM taskq.fair_base_v16(%(queue)s::text, coalesce(%(fairness_key)s::text, ''), %(priority)s::int,
-                                 coalesce(%(scheduled_at)s::timestamptz <= now(), true)) AS b(x)
+        SELECT b.base, b.step
+        FROM taskq.fair_bases_v16(%(queue)s::text, ARRAY[coalesce(%(fairness_key)s::text, '')], %(priority)s::int,
+                                  coalesce(%(scheduled_at)s::timestamptz <= now(), true)) AS b
         WHERE %(fairness_key)s::text IS NOT NULL
            OR EXISTS (SELECT 1 FROM taskq.fair_queues AS f WHERE f.queue = %(queue)s::text)
     ) AS fair ON true

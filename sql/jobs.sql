@@ -17,9 +17,10 @@ VALUES (%(id)s, %(actor)s, %(queue)s, %(payload)s::jsonb,
         %(trace_context)s::jsonb, %(concurrency_key)s::text, %(fairness_key)s::text,
         CASE WHEN %(fairness_key)s::text IS NOT NULL
                   OR EXISTS (SELECT 1 FROM taskq.fair_queues AS f WHERE f.queue = %(queue)s::text)
-             THEN (SELECT b.x[1] + b.x[2]
-                   FROM taskq.fair_base_v16(%(queue)s::text, coalesce(%(fairness_key)s::text, ''), %(priority)s::int,
-                                            coalesce(%(scheduled_at)s::timestamptz <= now(), true)) AS b(x)) END)
+             THEN (SELECT b.base + b.step
+                   FROM taskq.fair_bases_v16(%(queue)s::text, ARRAY[coalesce(%(fairness_key)s::text, '')],
+                                             %(priority)s::int, coalesce(%(scheduled_at)s::timestamptz <= now(), true))
+                        AS b) END)
 RETURNING status, scheduled_at, schedule_to_close, created_at,
           (CASE WHEN %(notify)s::bool AND status = 'pending' THEN pg_notify('taskq_jobs', queue) END) IS NULL AS _n;
 
@@ -29,11 +30,12 @@ RETURNING status, scheduled_at, schedule_to_close, created_at,
 -- NOTIFY for the whole batch when its jobs are due now.
 WITH fair AS MATERIALIZED (
     -- in a fair queue (or with keys): where each key's jobs of this batch start (sql/0016_fair_claims.sql)
-    SELECT k.fkey, b.x[1] AS base, b.x[2] AS step
-    FROM (SELECT DISTINCT coalesce(fkey, '') AS fkey FROM unnest(%(fairness_keys)b::text[]) AS fkey
-          UNION SELECT '' WHERE %(fairness_keys)b::text[] IS NULL) AS k,
-         taskq.fair_base_v16(%(queue)s::text, k.fkey, %(priority)s::int,
-                             coalesce(%(scheduled_at)s::timestamptz <= now(), true)) AS b(x)
+    SELECT b.key AS fkey, b.base, b.step
+    FROM taskq.fair_bases_v16(%(queue)s::text,
+                              CASE WHEN %(fairness_keys)b::text[] IS NULL THEN ARRAY['']
+                                   ELSE ARRAY(SELECT DISTINCT coalesce(k, '') FROM unnest(%(fairness_keys)b::text[]) AS k)
+                              END,
+                              %(priority)s::int, coalesce(%(scheduled_at)s::timestamptz <= now(), true)) AS b
     WHERE %(fairness_keys)b::text[] IS NOT NULL
        OR EXISTS (SELECT 1 FROM taskq.fair_queues AS f WHERE f.queue = %(queue)s::text)
 ), ins AS (
@@ -71,9 +73,10 @@ VALUES (%(id)s, %(actor)s, %(queue)s, %(payload)s::jsonb,
         %(unique_key)s, %(unique_scope)s, %(trace_context)s::jsonb, %(concurrency_key)s::text, %(fairness_key)s::text,
         CASE WHEN %(fairness_key)s::text IS NOT NULL
                   OR EXISTS (SELECT 1 FROM taskq.fair_queues AS f WHERE f.queue = %(queue)s::text)
-             THEN (SELECT b.x[1] + b.x[2]
-                   FROM taskq.fair_base_v16(%(queue)s::text, coalesce(%(fairness_key)s::text, ''), %(priority)s::int,
-                                            coalesce(%(scheduled_at)s::timestamptz <= now(), true)) AS b(x)) END)
+             THEN (SELECT b.base + b.step
+                   FROM taskq.fair_bases_v16(%(queue)s::text, ARRAY[coalesce(%(fairness_key)s::text, '')],
+                                             %(priority)s::int, coalesce(%(scheduled_at)s::timestamptz <= now(), true))
+                        AS b) END)
 ON CONFLICT (unique_key)
     WHERE unique_key IS NOT NULL AND (unique_scope = 'retained' OR status IN ('pending', 'scheduled', 'running'))
     DO NOTHING
@@ -91,11 +94,12 @@ WHERE unique_key = %(unique_key)s
 -- only when it skipped some (decoding a hundred ids costs the client more than the insert saved).
 WITH fair AS MATERIALIZED (
     -- in a fair queue (or with keys): where each key's jobs of this batch start (sql/0016_fair_claims.sql)
-    SELECT k.fkey, b.x[1] AS base, b.x[2] AS step
-    FROM (SELECT DISTINCT coalesce(fkey, '') AS fkey FROM unnest(%(fairness_keys)b::text[]) AS fkey
-          UNION SELECT '' WHERE %(fairness_keys)b::text[] IS NULL) AS k,
-         taskq.fair_base_v16(%(queue)s::text, k.fkey, %(priority)s::int,
-                             coalesce(%(scheduled_at)s::timestamptz <= now(), true)) AS b(x)
+    SELECT b.key AS fkey, b.base, b.step
+    FROM taskq.fair_bases_v16(%(queue)s::text,
+                              CASE WHEN %(fairness_keys)b::text[] IS NULL THEN ARRAY['']
+                                   ELSE ARRAY(SELECT DISTINCT coalesce(k, '') FROM unnest(%(fairness_keys)b::text[]) AS k)
+                              END,
+                              %(priority)s::int, coalesce(%(scheduled_at)s::timestamptz <= now(), true)) AS b
     WHERE %(fairness_keys)b::text[] IS NOT NULL
        OR EXISTS (SELECT 1 FROM taskq.fair_queues AS f WHERE f.queue = %(queue)s::text)
 ), ins AS (

@@ -88,11 +88,11 @@ GRANT SELECT, INSERT (name) ON taskq.queues TO :"worker_role";
 GRANT SELECT, INSERT, UPDATE, DELETE ON taskq.actor_limits TO :"worker_role";
 GRANT SELECT, INSERT, DELETE ON taskq.rate_starts TO :"worker_role";
 -- fair share (sql/0016_fair_claims.sql): jobs a worker enqueues (ctx.jobs.enqueue) are tagged as any
--- producer's (fair_base_v16 marks a queue fair at its first keyed job); due jobs written to start later
+-- producer's (fair_bases_v16 marks a queue fair at its first keyed job); due jobs written to start later
 -- are tagged by fair_promote_v16; the v16 limited claims
 GRANT SELECT, INSERT ON taskq.fair_queues TO :"worker_role";
 GRANT SELECT ON taskq.fairness_weights TO :"worker_role";
-GRANT EXECUTE ON FUNCTION taskq.fair_base_v16(text, text, integer, boolean), taskq.fair_promote_v16(text[]),
+GRANT EXECUTE ON FUNCTION taskq.fair_bases_v16(text, text[], integer, boolean), taskq.fair_promote_v16(text[]),
     taskq.job_claim_limited_v16(text[], integer, integer, text, float8, text[], text[]),
     taskq.job_claim_queue_limited_v16(text[], integer, text, float8, text[], text[]) TO :"worker_role";
 
@@ -145,11 +145,11 @@ GRANT UPDATE (paused_at, paused_by, pause_reason, concurrency_limit, concurrency
               rate_period, updated_at)
     ON taskq.queues TO :"client_role";
 GRANT INSERT ON taskq.queue_events TO :"client_role";
--- fair share: enqueue tags jobs (fair_base_v16); `taskq queue weight` writes a weight and re-spaces the
+-- fair share: enqueue tags jobs (fair_bases_v16); `taskq queue weight` writes a weight and re-spaces the
 -- key's ready jobs (fair_retag_v16, which updates only fair_tag)
 GRANT SELECT, INSERT ON taskq.fair_queues TO :"client_role";
 GRANT SELECT, INSERT, UPDATE, DELETE ON taskq.fairness_weights TO :"client_role";
-GRANT EXECUTE ON FUNCTION taskq.fair_base_v16(text, text, integer, boolean), taskq.fair_retag_v16(text, text)
+GRANT EXECUTE ON FUNCTION taskq.fair_bases_v16(text, text[], integer, boolean), taskq.fair_retag_v16(text, text)
     TO :"client_role";
 
 COMMIT;
@@ -190,7 +190,7 @@ GRANT UPDATE (paused_at, paused_by, pause_reason, concurrency_limit, concurrency
     ON taskq.queues TO :"web_role";
 GRANT SELECT, INSERT ON taskq.fair_queues TO :"web_role";
 GRANT SELECT, INSERT, UPDATE, DELETE ON taskq.fairness_weights TO :"web_role";
-GRANT EXECUTE ON FUNCTION taskq.fair_base_v16(text, text, integer, boolean), taskq.fair_retag_v16(text, text)
+GRANT EXECUTE ON FUNCTION taskq.fair_bases_v16(text, text[], integer, boolean), taskq.fair_retag_v16(text, text)
     TO :"web_role";
 GRANT SELECT, UPDATE (last_used_at) ON taskq.api_tokens TO :"web_role";
 GRANT SELECT, INSERT, UPDATE (fingerprint, status, body, created_at) ON taskq.operator_requests TO :"web_role";

@@ -688,24 +688,22 @@ CREATE FUNCTION taskq.delete_terminal_jobs(p_ids uuid[], OUT jobs bigint, OUT ev
     SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM ev)
 $$;
 
-CREATE FUNCTION taskq.fair_base_v16(p_queue text, p_key text, p_priority integer, p_due boolean) RETURNS double precision[]
+CREATE FUNCTION taskq.fair_bases_v16(p_queue text, p_keys text[], p_priority integer, p_due boolean) RETURNS TABLE(key text, base double precision, step double precision)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog'
     SET jit TO 'off'
     AS $$
+#variable_conflict use_column
 DECLARE
-    v_step float8;
     v_head float8;
-    v_last float8;
 BEGIN
     IF NOT p_due THEN
-        RETURN ARRAY['Infinity'::float8, 0];
+        RETURN QUERY SELECT k.k, 'Infinity'::float8, 0::float8 FROM unnest(p_keys) AS k(k);
+        RETURN;
     END IF;
-    IF p_key <> '' THEN
+    IF '' <> ANY(p_keys) AND NOT EXISTS (SELECT 1 FROM taskq.fair_queues AS f WHERE f.queue = p_queue) THEN
         INSERT INTO taskq.fair_queues (queue) VALUES (p_queue) ON CONFLICT DO NOTHING;
     END IF;
-    v_step := 1.0 / coalesce((SELECT w.weight FROM taskq.fairness_weights AS w
-                              WHERE w.queue = p_queue AND w.key = p_key), 1.0);
     -- the head: the next due job of this priority in claim order (jobs_claim_idx)
     v_head := (SELECT j.fair_tag FROM taskq.jobs AS j
                WHERE j.status IN ('pending', 'scheduled') AND j.queue = p_queue AND j.priority = p_priority
@@ -721,13 +719,17 @@ BEGIN
              ORDER BY j.fair_tag DESC NULLS LAST LIMIT 1),
             (extract(epoch FROM now()) - 1767225600) * 1000);
     END IF;
-    -- the key's own last tag (jobs_fair_key_idx): a backlogged key goes on from there
-    v_last := (SELECT j.fair_tag FROM taskq.jobs AS j
-               WHERE j.status IN ('pending', 'scheduled') AND j.queue = p_queue
-                 AND coalesce(j.fairness_key, '') = p_key AND j.priority = p_priority
-                 AND j.fair_tag IS NOT NULL AND j.fair_tag < 'Infinity'
-               ORDER BY j.fair_tag DESC LIMIT 1);
-    RETURN ARRAY[greatest(v_head, v_last), v_step];
+    RETURN QUERY
+    SELECT k.k,
+           -- the key's own last tag (jobs_fair_key_idx): a backlogged key goes on from there
+           greatest(v_head, (SELECT j.fair_tag FROM taskq.jobs AS j
+                             WHERE j.status IN ('pending', 'scheduled') AND j.queue = p_queue
+                               AND coalesce(j.fairness_key, '') = k.k AND j.priority = p_priority
+                               AND j.fair_tag IS NOT NULL AND j.fair_tag < 'Infinity'
+                             ORDER BY j.fair_tag DESC LIMIT 1)),
+           1.0 / coalesce(w.weight, 1.0)
+    FROM unnest(p_keys) AS k(k)
+    LEFT JOIN taskq.fairness_weights AS w ON w.queue = p_queue AND w.key = k.k;
 END
 $$;
 
@@ -749,7 +751,8 @@ BEGIN
         WHERE f.queue = ANY(p_queues) AND j.status IN ('pending', 'scheduled') AND j.fair_tag = 'Infinity'
           AND j.scheduled_at <= now()
     LOOP
-        v_base := taskq.fair_base_v16(g.queue, g.key, g.priority, true);
+        v_base := (SELECT ARRAY[b.base, b.step]
+                   FROM taskq.fair_bases_v16(g.queue, ARRAY[g.key], g.priority, true) AS b);
         UPDATE taskq.jobs AS j SET fair_tag = v_base[1] + r.n * v_base[2], revision = j.revision + 1
         FROM (SELECT l.id, row_number() OVER (ORDER BY l.scheduled_at, l.id) AS n
               FROM (SELECT k.id, k.scheduled_at FROM taskq.jobs AS k

@@ -41,9 +41,9 @@ def test_a_key_enqueued_behind_a_backlog_starts_within_150_starts(dsn: str, spaw
         worker.worker_id()
         wait_until(lambda: len(starts(dsn)) >= 500, timeout=60)
         client.enqueue_many(SLEEP, [sleep] * 50, fairness_key="B")
+    # committed: a claim whose transaction starts from now on sees B's jobs
     (b_enqueued, a_left), = query(dsn, """
-        SELECT (SELECT min(created_at) FROM taskq.jobs WHERE fairness_key = 'B'),
-               (SELECT count(*) FROM taskq.jobs WHERE fairness_key = 'A' AND status = 'pending')""")
+        SELECT now(), (SELECT count(*) FROM taskq.jobs WHERE fairness_key = 'A' AND status = 'pending')""")
     assert a_left >= 1000, "A's backlog ran out before B came: the test shows nothing"
     wait_until(lambda: all_done(dsn, 5050), timeout=120)
     after = starts(dsn, since=b_enqueued)
