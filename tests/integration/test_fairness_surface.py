@@ -387,6 +387,7 @@ async def test_the_dashboard_queue_page_shows_keys_and_weights_and_sets_a_weight
 
     await client.enqueue("fair.a", 1, queue="fq", fairness_key="tenant-1")
     await client.set_fairness_weight("fq", "tenant-1", 3)
+    second = await client.enqueue("fair.a", 2, queue="fq", fairness_key="tenant-2")
     app = create_app(dsn, auth=False)
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as c:
@@ -405,6 +406,10 @@ async def test_the_dashboard_queue_page_shows_keys_and_weights_and_sets_a_weight
                                headers={"Sec-Fetch-Site": "same-origin"})
             assert bad.status_code == 400 and "weight must be a finite number" in bad.text
             assert (await c.get("/queues/ghost")).status_code == 404
+            job_page = await c.get(f"/jobs/{second.job_id}")
+            assert re.search(r'id="fairness-key">tenant-2<', job_page.text), job_page.text
+            assert ('id="waiting">no live worker serves queue fq; its key&#39;s share is used: 1 ready job of another '
+                    'key comes first<') in job_page.text, job_page.text
     finally:
         await app.state.taskq.close()
     assert weights_rows(dsn) == [("fq", "", 0.25), ("fq", "tenant-1", 3.0)]
