@@ -34,6 +34,8 @@ from taskq.models import (
     BulkCancelResult,
     BulkRequeueResult,
     CancelResult,
+    FairKeyStats,
+    FairnessWeightResult,
     JobAttempt,
     JobEvent,
     JobFilter,
@@ -465,6 +467,22 @@ class JobsClient:
             self.backend, name, concurrency=concurrency, concurrency_per_key=concurrency_per_key,
             rate_limit=rate_limit, rate_period=rate_period, reason=reason, by=by,
         )
+
+    async def set_fairness_weight(self, queue: str, key: str | None, weight: float, *, by: str | None = None
+                                  ) -> FairnessWeightResult:
+        """Fair share inside a queue (docs/fairness.md): the key's jobs get `weight` times the share of starts
+        of a key of weight 1 (the default), among the keys with jobs ready at the same priority. Key ''
+        (or None) is the jobs enqueued without a key. ConfigurationError for a bad key or weight (a finite
+        number > 0, at most 1,000,000), QueueNotFound for a queue the database does not know."""
+        return await queue_ops.set_fairness_weight(self.backend, queue, key, weight, by=by)
+
+    async def fairness_weights(self, queue: str) -> dict[str, float]:
+        """The queue's fairness weights other than the default 1, by key ('' = jobs without a key)."""
+        return await queue_ops.fairness_weights(self.backend, queue)
+
+    async def fair_keys(self, queue: str) -> list[FairKeyStats]:
+        """Per fairness key of the queue: ready, scheduled, running, started in the last minute, weight."""
+        return await queue_ops.fair_keys(self.backend, queue)
 
 
 # -- workflows: graphs of jobs written in one transaction (docs/workflows.md) -----------------------

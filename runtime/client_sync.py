@@ -35,6 +35,8 @@ from taskq.models import (
     BulkCancelResult,
     BulkRequeueResult,
     CancelResult,
+    FairKeyStats,
+    FairnessWeightResult,
     JobAttempt,
     JobEvent,
     JobFilter,
@@ -503,6 +505,23 @@ class SyncJobsClient:
             reason=reason,
             by=by,
         )
+
+    def set_fairness_weight(
+        self, queue: str, key: str | None, weight: float, *, by: str | None = None
+    ) -> FairnessWeightResult:
+        """Fair share inside a queue (docs/fairness.md): the key's jobs get `weight` times the share of starts
+        of a key of weight 1 (the default), among the keys with jobs ready at the same priority. Key ''
+        (or None) is the jobs enqueued without a key. ConfigurationError for a bad key or weight (a finite
+        number > 0, at most 1,000,000), QueueNotFound for a queue the database does not know."""
+        return queue_ops_sync.set_fairness_weight(self.backend, queue, key, weight, by=by)
+
+    def fairness_weights(self, queue: str) -> dict[str, float]:
+        """The queue's fairness weights other than the default 1, by key ('' = jobs without a key)."""
+        return queue_ops_sync.fairness_weights(self.backend, queue)
+
+    def fair_keys(self, queue: str) -> list[FairKeyStats]:
+        """Per fairness key of the queue: ready, scheduled, running, started in the last minute, weight."""
+        return queue_ops_sync.fair_keys(self.backend, queue)
 
 
 class WorkflowNode(Generic[R]):

@@ -438,6 +438,8 @@ class QueueStats(BaseModel):
     paused_by: str | None
     pause_reason: str | None
     limits: QueueLimits
+    fairness_weights: dict[str, float] = {}
+    """The queue's fairness weights other than the default 1, by key ('' = jobs without a key)."""
 
 
 class ActorLimitsInfo(BaseModel):
@@ -476,6 +478,37 @@ class QueuePauseResult(BaseModel):
     name: str
     paused: bool
     changed: bool
+
+
+class FairnessWeightResult(BaseModel):
+    """What `set_fairness_weight` did: the key's weight before and now (1 is the default), and how many of
+    the key's ready jobs were re-spaced by the new weight."""
+
+    model_config = _frozen
+
+    queue: str
+    key: str
+    weight: float
+    previous: float
+    retagged: int
+
+    @property
+    def changed(self) -> bool:
+        return self.weight != self.previous
+
+
+class FairKeyStats(BaseModel):
+    """One fairness key of a queue ('' = jobs without a key), as `taskq queues --keys` shows it: its ready
+    jobs (due now), those scheduled for later, running, started in the last minute, and its weight."""
+
+    model_config = _frozen
+
+    key: str
+    ready: int
+    scheduled: int
+    running: int
+    started_last_minute: int
+    weight: float
 
 
 class QueueLimitsResult(BaseModel):

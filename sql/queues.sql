@@ -1,4 +1,5 @@
--- Queue control for operators (taskq.backend_queues): stats, pause/resume, limits, a waiting job's state.
+-- Queue control for operators (taskq.backend_queues): stats, pause/resume, limits, fairness weights and keys,
+-- a waiting job's state.
 
 -- name: queue_set_paused
 -- Pause or resume one known queue (a taskq.queues row, or unfinished jobs naming it: its row is created
@@ -70,7 +71,8 @@ FROM up;
 -- waiting rows from jobs_claim_idx (pending/scheduled, with scheduled_at in the index: due now or later,
 -- and the oldest due), running rows from jobs_running_scope_idx, waiting parents from
 -- jobs_awaiting_queue_idx, the last hour's failures and the last 5 minutes' finishes from the retention
--- indexes (finished_at ranges). Queues: the taskq.queues rows and any queue with unfinished jobs.
+-- indexes (finished_at ranges), the weights from taskq.fairness_weights (its primary key). Queues: the
+-- taskq.queues rows and any queue with unfinished jobs.
 WITH waiting AS (
     SELECT queue,
            count(*) FILTER (WHERE scheduled_at <= now()) AS pending,
@@ -107,7 +109,9 @@ SELECT n.name,
        extract(epoch FROM now() - w.oldest_due)::float8 AS oldest_pending_age,
        coalesce(d.finished, 0)::float8 / 300.0 AS throughput,
        q.paused_at IS NOT NULL AS paused, q.paused_at, q.paused_by, q.pause_reason,
-       q.concurrency_limit, q.concurrency_per_key, q.rate_limit, q.rate_period
+       q.concurrency_limit, q.concurrency_per_key, q.rate_limit, q.rate_period,
+       (SELECT jsonb_object_agg(w.key, w.weight) FROM taskq.fairness_weights AS w
+        WHERE w.queue = n.name) AS fairness_weights
 FROM names AS n
 LEFT JOIN taskq.queues AS q ON q.name = n.name
 LEFT JOIN waiting AS w ON w.queue = n.name
@@ -157,3 +161,134 @@ FROM taskq.jobs AS j
 LEFT JOIN taskq.queues AS q ON q.name = j.queue
 LEFT JOIN taskq.actor_limits AS a ON a.actor = j.actor
 WHERE j.id = %(id)s;
+
+-- name: queue_set_fairness_weight
+-- Set the fairness weight of a key in a queue (key '' = the jobs enqueued without one): an upsert into
+-- taskq.fairness_weights, or, for the default weight 1, the removal of the row. Marks the queue fair
+-- (taskq.fair_queues) so that jobs without a key are tagged there from now on. Known queues only, as
+-- queue_set_paused decides it (no row is written for an unknown one). Under the queue's claim lock, as
+-- queue_set_limits. The caller then re-spaces the key's ready jobs (queue_fair_retag) in the same
+-- transaction.
+WITH lock AS MATERIALIZED (
+    SELECT pg_advisory_xact_lock(7461733, taskq.claim_scope_key('queue:' || %(name)s::text)) AS l
+), target AS (
+    SELECT %(name)s::text AS name FROM lock
+    WHERE EXISTS (SELECT 1 FROM taskq.queues WHERE name = %(name)s)
+       OR EXISTS (SELECT 1 FROM taskq.jobs WHERE queue = %(name)s AND status IN ('pending', 'scheduled'))
+       OR EXISTS (SELECT 1 FROM taskq.jobs WHERE queue = %(name)s AND status = 'running')
+), previous AS (
+    SELECT w.weight FROM taskq.fairness_weights AS w, target AS t WHERE w.queue = t.name AND w.key = %(key)s
+), up AS (
+    INSERT INTO taskq.fairness_weights AS w (queue, key, weight, updated_by)
+    SELECT name, %(key)s::text, %(weight)s::float8, %(by)s::text FROM target WHERE %(weight)s::float8 <> 1
+    ON CONFLICT (queue, key) DO UPDATE SET weight = excluded.weight, updated_at = now(), updated_by = excluded.updated_by
+    RETURNING w.queue
+), gone AS (
+    DELETE FROM taskq.fairness_weights AS w USING target AS t
+    WHERE w.queue = t.name AND w.key = %(key)s AND %(weight)s::float8 = 1
+    RETURNING w.queue
+), fair AS (
+    INSERT INTO taskq.fair_queues (queue) SELECT name FROM target ON CONFLICT DO NOTHING
+)
+SELECT (SELECT count(*) FROM target) > 0 AS known,
+       coalesce((SELECT weight FROM previous), 1.0)::float8 AS previous;
+
+-- name: queue_fair_retag
+-- After queue_set_fairness_weight, in its transaction: re-space the key's ready jobs by the new weight
+-- (taskq.fair_retag_v16) and tell the workers (NOTIFY on taskq_queues, as a pause or a limit does).
+SELECT taskq.fair_retag_v16(%(name)s, %(key)s) AS retagged, pg_notify('taskq_queues', %(name)s) IS NULL AS _n;
+
+-- name: queue_fairness_weights
+-- A queue's weights other than the default 1 (a small table, by its primary key).
+SELECT key, weight, updated_at, updated_by FROM taskq.fairness_weights WHERE queue = %(name)s ORDER BY key;
+
+-- name: queue_fair_keys
+-- `taskq queues --keys QUEUE`: per fairness key of the queue ('' = jobs without one) its ready jobs (due
+-- now), its jobs scheduled for later, its running jobs, the jobs started in the last minute and its weight.
+-- Waiting rows come from jobs_claim_idx (the queue's slice of it), running rows from
+-- jobs_running_scope_idx, and the jobs that finished in the last minute from the retention indexes
+-- (finished_at ranges): a start in the last minute is a job now running, finished or back to waiting
+-- whose started_at (its latest attempt's start) is within the minute. Keys with a weight and no job show
+-- too.
+WITH waiting AS (
+    SELECT coalesce(fairness_key, '') AS key,
+           count(*) FILTER (WHERE scheduled_at <= now()) AS ready,
+           count(*) FILTER (WHERE scheduled_at > now()) AS scheduled,
+           count(*) FILTER (WHERE started_at > now() - interval '1 minute') AS started
+    FROM taskq.jobs WHERE status IN ('pending', 'scheduled') AND queue = %(name)s
+    GROUP BY 1
+), running AS (
+    SELECT coalesce(fairness_key, '') AS key, count(*) AS running,
+           count(*) FILTER (WHERE started_at > now() - interval '1 minute') AS started
+    FROM taskq.jobs WHERE status = 'running' AND queue = %(name)s
+    GROUP BY 1
+), finished AS (
+    SELECT key, sum(n) AS started FROM (
+        SELECT coalesce(fairness_key, '') AS key, count(*) AS n FROM taskq.jobs
+        WHERE status IN ('succeeded', 'cancelled') AND finished_at > now() - interval '1 minute'
+          AND queue = %(name)s AND started_at > now() - interval '1 minute'
+        GROUP BY 1
+        UNION ALL
+        SELECT coalesce(fairness_key, ''), count(*) FROM taskq.jobs
+        WHERE status IN ('failed', 'crashed', 'abandoned') AND finished_at > now() - interval '1 minute'
+          AND queue = %(name)s AND started_at > now() - interval '1 minute'
+        GROUP BY 1
+    ) AS f GROUP BY key
+), weights AS (
+    SELECT key, weight FROM taskq.fairness_weights WHERE queue = %(name)s
+), keys AS (
+    SELECT key FROM waiting UNION SELECT key FROM running UNION SELECT key FROM finished
+    UNION SELECT key FROM weights
+)
+SELECT k.key, coalesce(w.ready, 0) AS ready, coalesce(w.scheduled, 0) AS scheduled,
+       coalesce(r.running, 0) AS running,
+       (coalesce(w.started, 0) + coalesce(r.started, 0) + coalesce(f.started, 0))::bigint AS started_last_minute,
+       coalesce(g.weight, 1.0)::float8 AS weight
+FROM keys AS k
+LEFT JOIN waiting AS w ON w.key = k.key
+LEFT JOIN running AS r ON r.key = k.key
+LEFT JOIN finished AS f ON f.key = k.key
+LEFT JOIN weights AS g ON g.key = k.key
+ORDER BY coalesce(w.ready, 0) DESC, k.key
+LIMIT %(limit)s;
+
+-- name: job_fair_wait_state
+-- What else a due waiting job may wait on: a free slot of its actor's isolation class on a live worker
+-- serving its queue (the capacities and actor classes live workers registered, and the jobs each of them
+-- runs now, by class), and its key's share: how many due waiting jobs of other keys of its queue come
+-- before it in claim order (priority, fair_tag NULLS FIRST, scheduled_at, id), counted up to a cap.
+WITH j AS (
+    SELECT id, status, queue, actor, priority, fairness_key, fair_tag, scheduled_at, scheduled_at <= now() AS due
+    FROM taskq.jobs WHERE id = %(id)s
+), live AS (
+    SELECT w.id, w.actor_isolation,
+           w.actor_isolation ->> j.actor AS class,
+           CASE w.actor_isolation ->> j.actor WHEN 'async' THEN w.capacity_async WHEN 'thread' THEN w.capacity_thread
+                WHEN 'process' THEN w.capacity_process END AS capacity
+    FROM taskq.workers AS w, j
+    WHERE w.lease_expires_at > now() AND NOT w.stopping AND j.queue = ANY (w.queues)
+), busy AS (
+    SELECT l.id, l.class, l.capacity,
+           (SELECT count(*) FROM taskq.jobs AS r
+            WHERE r.status = 'running' AND r.worker_id = l.id AND l.actor_isolation ->> r.actor = l.class) AS running
+    FROM live AS l WHERE l.class IS NOT NULL
+)
+SELECT j.status, j.queue, j.actor, j.fairness_key, j.fair_tag IS NOT NULL AS fair, j.due,
+       (SELECT count(*) FROM live) AS live_workers,
+       (SELECT count(*) FROM live WHERE actor_isolation IS NULL) AS unclassed_workers,
+       (SELECT count(*) FROM busy) AS knowing_workers,
+       (SELECT min(class) FROM busy) AS class,
+       (SELECT count(*) FROM busy WHERE capacity IS NULL OR running < capacity) AS free_workers,
+       (SELECT coalesce(sum(capacity), 0) FROM busy) AS slots,
+       (SELECT coalesce(sum(running), 0) FROM busy) AS slots_busy,
+       CASE WHEN j.fair_tag IS NULL OR NOT j.due OR j.status NOT IN ('pending', 'scheduled') THEN 0 ELSE (
+           SELECT count(*) FROM (
+               SELECT 1 FROM taskq.jobs AS r
+               WHERE r.status IN ('pending', 'scheduled') AND r.queue = j.queue AND r.scheduled_at <= now()
+                 AND coalesce(r.fairness_key, '') <> coalesce(j.fairness_key, '')
+                 AND (r.priority < j.priority
+                      OR (r.priority = j.priority
+                          AND (r.fair_tag IS NULL OR (r.fair_tag, r.scheduled_at, r.id) < (j.fair_tag, j.scheduled_at, j.id))))
+               LIMIT %(cap)s
+           ) AS ahead) END AS ahead_other_keys
+FROM j;

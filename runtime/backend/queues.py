@@ -1,5 +1,5 @@
 """The backend's queue-control statements (part of the SQL layer, split from backend.py by noun): queue
-stats, pause and resume, limits, and the state a waiting job waits on."""
+stats, pause and resume, limits, fairness weights and keys, and the state a waiting job waits on."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from psycopg.rows import dict_row
 
 from taskq import sql
 from taskq.backend.core import Backend, reports_outage
-from taskq.models import ActorLimitsInfo, QueueLimits, QueueStats, QueueStatsReport
+from taskq.models import ActorLimitsInfo, FairKeyStats, QueueLimits, QueueStats, QueueStatsReport
 
 QUEUES_CHANNEL = "taskq_queues"
 """NOTIFY channel of queue control: the payload is a queue name, or '*' when actor limits changed."""
@@ -69,6 +69,31 @@ class WaitState:
     actor_starts: int
 
 
+@dataclass(frozen=True, slots=True)
+class FairWaitState:
+    """What else a due waiting job waits on (job_fair_wait_state): a free slot of its actor's isolation
+    class on a live worker serving its queue, and its key's share (jobs of other keys before it)."""
+
+    status: str
+    queue: str
+    actor: str
+    fairness_key: str | None
+    fair: bool
+    due: bool
+    live_workers: int
+    unclassed_workers: int
+    knowing_workers: int
+    class_: str | None
+    free_workers: int
+    slots: int
+    slots_busy: int
+    ahead_other_keys: int
+
+
+AHEAD_CAP = 100_000
+"""job_fair_wait_state counts the jobs of other keys before a job up to this many."""
+
+
 def limits_of(row: dict[str, Any], concurrency: str) -> QueueLimits:
     return QueueLimits(concurrency=row[concurrency], concurrency_per_key=row["concurrency_per_key"],
                        rate_limit=row["rate_limit"], rate_period=row["rate_period"])
@@ -84,7 +109,7 @@ async def queue_stats(backend: Backend) -> QueueStatsReport:
                 awaiting_parents=r["awaiting_parents"], failed_last_hour=r["failed_last_hour"],
                 oldest_pending_age=r["oldest_pending_age"], throughput=r["throughput"], paused=r["paused"],
                 paused_at=r["paused_at"], paused_by=r["paused_by"], pause_reason=r["pause_reason"],
-                limits=limits_of(r, "concurrency_limit"),
+                limits=limits_of(r, "concurrency_limit"), fairness_weights=r["fairness_weights"] or {},
             )
             for r in await cur.fetchall()
         ]
@@ -133,3 +158,56 @@ async def job_wait_state(backend: Backend, job_id: UUID) -> WaitState | None:
         await cur.execute(sql.query("job_wait_state"), {"id": job_id})
         row = await cur.fetchone()
     return WaitState(**row) if row else None
+
+
+@reports_outage
+async def queue_set_fairness_weight(backend: Backend, name: str, key: str, weight: float, *, by: str
+                                    ) -> tuple[float, int] | None:
+    """Write the weight and re-space the key's ready jobs, in one transaction: (the previous weight, the
+    jobs re-spaced), or None (nothing written) if no such queue."""
+    async with backend.pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(sql.query("queue_set_fairness_weight"),
+                                 {"name": name, "key": key, "weight": weight, "by": by})
+        row = await cur.fetchone()
+        assert row is not None
+        known, previous = row
+        if not known:
+            return None
+        cur = await conn.execute(sql.query("queue_fair_retag"), {"name": name, "key": key})
+        retag = await cur.fetchone()
+    assert retag is not None
+    return float(previous), int(retag[0] or 0)
+
+
+@reports_outage
+async def queue_fairness_weights(backend: Backend, name: str) -> dict[str, float]:
+    async with backend.pool.connection() as conn:
+        cur = await conn.execute(sql.query("queue_fairness_weights"), {"name": name})
+        return {r[0]: float(r[1]) for r in await cur.fetchall()}
+
+
+@reports_outage
+async def queue_known(backend: Backend, name: str) -> bool:
+    async with backend.pool.connection() as conn:
+        cur = await conn.execute(sql.query("queue_known"), {"name": name})
+        row = await cur.fetchone()
+    return bool(row and row[0])
+
+
+@reports_outage
+async def queue_fair_keys(backend: Backend, name: str, *, limit: int) -> list[FairKeyStats]:
+    async with backend.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(sql.query("queue_fair_keys"), {"name": name, "limit": limit})
+        return [FairKeyStats(**r) for r in await cur.fetchall()]
+
+
+@reports_outage
+async def job_fair_wait_state(backend: Backend, job_id: UUID) -> FairWaitState | None:
+    async with backend.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(sql.query("job_fair_wait_state"), {"id": job_id, "cap": AHEAD_CAP})
+        row = await cur.fetchone()
+    if row is None:
+        return None
+    row["class_"] = row.pop("class")
+    row["slots"], row["slots_busy"] = int(row["slots"]), int(row["slots_busy"])
+    return FairWaitState(**row)

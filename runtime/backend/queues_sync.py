@@ -4,7 +4,7 @@
 """The sync face of `taskq.backend.queues`, generated from it.
 
 The backend's queue-control statements (part of the SQL layer, split from backend.py by noun): queue
-stats, pause and resume, limits, and the state a waiting job waits on.
+stats, pause and resume, limits, fairness weights and keys, and the state a waiting job waits on.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from psycopg.rows import dict_row
 
 from taskq import sql
 from taskq.backend.core_sync import SyncBackend, reports_outage
-from taskq.backend.queues import LimitChange, WaitState, limits_of
-from taskq.models import ActorLimitsInfo, QueueLimits, QueueStats, QueueStatsReport
+from taskq.backend.queues import AHEAD_CAP, FairWaitState, LimitChange, WaitState, limits_of
+from taskq.models import ActorLimitsInfo, FairKeyStats, QueueLimits, QueueStats, QueueStatsReport
 
 
 @reports_outage
@@ -39,6 +39,7 @@ def queue_stats(backend: SyncBackend) -> QueueStatsReport:
                 paused_by=r["paused_by"],
                 pause_reason=r["pause_reason"],
                 limits=limits_of(r, "concurrency_limit"),
+                fairness_weights=r["fairness_weights"] or {},
             )
             for r in cur.fetchall()
         ]
@@ -91,3 +92,58 @@ def job_wait_state(backend: SyncBackend, job_id: UUID) -> WaitState | None:
         cur.execute(sql.query("job_wait_state"), {"id": job_id})
         row = cur.fetchone()
     return WaitState(**row) if row else None
+
+
+@reports_outage
+def queue_set_fairness_weight(
+    backend: SyncBackend, name: str, key: str, weight: float, *, by: str
+) -> tuple[float, int] | None:
+    """Write the weight and re-space the key's ready jobs, in one transaction: (the previous weight, the
+    jobs re-spaced), or None (nothing written) if no such queue."""
+    with backend.pool.connection() as conn, conn.transaction():
+        cur = conn.execute(
+            sql.query("queue_set_fairness_weight"), {"name": name, "key": key, "weight": weight, "by": by}
+        )
+        row = cur.fetchone()
+        assert row is not None
+        known, previous = row
+        if not known:
+            return None
+        cur = conn.execute(sql.query("queue_fair_retag"), {"name": name, "key": key})
+        retag = cur.fetchone()
+    assert retag is not None
+    return (float(previous), int(retag[0] or 0))
+
+
+@reports_outage
+def queue_fairness_weights(backend: SyncBackend, name: str) -> dict[str, float]:
+    with backend.pool.connection() as conn:
+        cur = conn.execute(sql.query("queue_fairness_weights"), {"name": name})
+        return {r[0]: float(r[1]) for r in cur.fetchall()}
+
+
+@reports_outage
+def queue_known(backend: SyncBackend, name: str) -> bool:
+    with backend.pool.connection() as conn:
+        cur = conn.execute(sql.query("queue_known"), {"name": name})
+        row = cur.fetchone()
+    return bool(row and row[0])
+
+
+@reports_outage
+def queue_fair_keys(backend: SyncBackend, name: str, *, limit: int) -> list[FairKeyStats]:
+    with backend.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(sql.query("queue_fair_keys"), {"name": name, "limit": limit})
+        return [FairKeyStats(**r) for r in cur.fetchall()]
+
+
+@reports_outage
+def job_fair_wait_state(backend: SyncBackend, job_id: UUID) -> FairWaitState | None:
+    with backend.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(sql.query("job_fair_wait_state"), {"id": job_id, "cap": AHEAD_CAP})
+        row = cur.fetchone()
+    if row is None:
+        return None
+    row["class_"] = row.pop("class")
+    row["slots"], row["slots_busy"] = (int(row["slots"]), int(row["slots_busy"]))
+    return FairWaitState(**row)

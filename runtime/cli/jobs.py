@@ -36,6 +36,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         "unique_key": args.unique_key,
         "unique_scope": args.unique_scope,
         "concurrency_key": args.concurrency_key,
+        "fairness_key": args.fairness_key,
     }
     # every check enqueue makes, before touching the database: a bad value is a usage error even offline
     prepare_insert(
@@ -152,6 +153,9 @@ ENQUEUE = Command(
                 "'retained' for as long as its row is kept"),
             *cli_dependencies.enqueue_args(arg, job_id_arg),
             arg("--concurrency-key", metavar="KEY", help="the key of per-key concurrency limits (e.g. a tenant)"),
+            arg("--fairness-key", metavar="KEY",
+                help="the key of fair share inside the queue (e.g. a tenant): starts are shared among the keys "
+                "with jobs ready, by weight (taskq queue weight; docs/fairness.md)"),
             JSON_ARG,
         ),
     )

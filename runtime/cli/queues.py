@@ -1,4 +1,5 @@
-"""`taskq queues` and `taskq queue pause|resume|limit Q`: the CLI face of taskq.ops.queues.
+"""`taskq queues [--keys Q]` and `taskq queue pause|resume|limit Q`, `taskq queue weight Q KEY WEIGHT`: the CLI
+face of taskq.ops.queues.
 
 Registered in `taskq.cli.COMMANDS` through `commands()`; errors follow its contract (2 usage, 4 no such
 queue). Built from `taskq.cli._base` (taskq.cli imports this module, never the reverse).
@@ -15,12 +16,34 @@ from taskq.cli import _audit as audit
 from taskq.cli import output as cli_output
 from taskq.cli._base import JSON_ARG, Command, arg, emit, with_client
 from taskq.client import JobsClient
-from taskq.models import QueueStatsReport
-from taskq.ops.queues import check_limit, check_period, check_queue_name
+from taskq.models import FairKeyStats, QueueStatsReport
+from taskq.ops.queues import check_limit, check_period, check_queue_name, check_weight_key
 
-ACTIONS = ("pause", "resume", "limit")
+ACTIONS = ("pause", "resume", "limit", "weight")
 QUEUE_COLUMNS = ("queue", "pending", "scheduled", "running", "awaiting", "failed 1h", "oldest pending",
-                 "jobs/s 5m", "state", "limits")
+                 "jobs/s 5m", "state", "limits", "weights")
+KEY_COLUMNS = ("key", "ready", "scheduled", "running", "started 1m", "weight")
+WEIGHT_AUDIT_ACTION = "queues:limit"
+"""The audit action of `taskq queue weight`: a weight is one of the queue's settings, audited as its limits
+are (the detail names the key and the weight)."""
+NO_KEY = "(no key)"
+"""How the empty key (jobs enqueued without a fairness key) is shown."""
+
+
+def key_label(key: str) -> str:
+    return key if key else NO_KEY
+
+
+def weights_text(weights: dict[str, float]) -> str:
+    """`tenant-7=3, (no key)=0.5`, or `-` when every key has the default weight 1."""
+    return ", ".join(f"{key_label(k)}={w:g}" for k, w in sorted(weights.items())) or cli_output.NONE
+
+
+def keys_table(queue: str, keys: list[FairKeyStats]) -> str:
+    if not keys:
+        return f"no jobs and no weights in queue {queue} (every key has weight 1)"
+    return cli_output.table(KEY_COLUMNS, [(key_label(k.key), str(k.ready), str(k.scheduled), str(k.running),
+                                           str(k.started_last_minute), f"{k.weight:g}") for k in keys])
 
 
 def _age(seconds: float | None) -> str:
@@ -41,7 +64,8 @@ def queues_table(report: QueueStatsReport) -> str:
             QUEUE_COLUMNS,
             [(q.name, str(q.pending), str(q.scheduled), str(q.running), str(q.awaiting_parents),
               str(q.failed_last_hour), _age(q.oldest_pending_age), f"{q.throughput:.2f}",
-              f"paused by {q.paused_by}" if q.paused else "active", q.limits.describe())
+              f"paused by {q.paused_by}" if q.paused else "active", q.limits.describe(),
+              weights_text(q.fairness_weights))
              for q in report.queues],
         )
     if report.actor_limits:
@@ -56,7 +80,15 @@ def queues_table(report: QueueStatsReport) -> str:
 def cmd_queues(args: argparse.Namespace) -> int:
     from taskq.exitcodes import ExitCode
 
+    keys = check_queue_name(args.keys) if args.keys is not None else None
+
     async def body(client: JobsClient) -> int:
+        if keys is not None:
+            # an unknown name raises QueueNotFound: exit 4, one line (taskq.cli.classify)
+            rows = await client.fair_keys(keys)
+            emit(cli_output.to_json({"queue": keys, "keys": [r.model_dump(mode="json") for r in rows]})
+                 if args.json else keys_table(keys, rows))
+            return ExitCode.OK
         report = await client.queue_stats()
         emit(cli_output.to_json(report) if args.json else queues_table(report))
         return ExitCode.OK
@@ -102,6 +134,32 @@ def limit_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
+def weight_value(text: str | None) -> float:
+    """WEIGHT as given: a finite number > 0 (at most 1,000,000), checked before any connection."""
+    from taskq.checks import check_fairness_weight
+    from taskq.exceptions import UsageError
+
+    if text is None:
+        raise UsageError("weight: give QUEUE KEY WEIGHT (KEY '' for the jobs enqueued without a key)")
+    try:
+        number = float(text)
+    except ValueError:
+        raise UsageError(f"weight must be a number greater than 0, got {text!r}") from None
+    return check_fairness_weight(number)
+
+
+async def set_weight(client: JobsClient, args: argparse.Namespace, name: str, key: str, weight: float) -> None:
+    done = await client.set_fairness_weight(name, key, weight)
+    await audit.record(client, WEIGHT_AUDIT_ACTION, "limited" if done.changed else "unchanged", queue=name,
+                       reason=args.reason, detail={"fairness_weight": {"key": key, "weight": weight,
+                                                                       "previous": done.previous}})
+    if args.json:
+        emit(cli_output.to_json(done))
+        return
+    said = f"{done.weight:g}" + ("" if done.changed else " (unchanged)")
+    emit(cli_output.printable(f"{name}: weight of {key_label(key)} {said}; {done.retagged} ready job(s) re-spaced"))
+
+
 def cmd_queue(args: argparse.Namespace) -> int:
     from taskq.exceptions import UsageError
     from taskq.exitcodes import ExitCode
@@ -111,8 +169,18 @@ def cmd_queue(args: argparse.Namespace) -> int:
         options = limit_options(args)
     elif any(v is not None for v in (args.concurrency, args.per_key, args.rate, args.period)):
         raise UsageError(f"--concurrency, --per-key, --rate and --period go with 'limit', not {args.action!r}")
+    if args.action == "weight":
+        if args.key is None:
+            raise UsageError("weight: give QUEUE KEY WEIGHT (KEY '' for the jobs enqueued without a key)")
+        key = check_weight_key(args.key)
+        weight = weight_value(args.weight)
+    elif args.key is not None or args.weight is not None:
+        raise UsageError(f"KEY and WEIGHT go with 'weight', not {args.action!r}")
 
     async def body(client: JobsClient) -> int:
+        if args.action == "weight":
+            await set_weight(client, args, name, key, weight)
+            return ExitCode.OK
         if args.action == "limit":
             done = await client.set_queue_limits(name, reason=args.reason, **options)
             await audit.record(client, "queues:limit", "limited", queue=name, reason=args.reason,
@@ -132,12 +200,17 @@ def cmd_queue(args: argparse.Namespace) -> int:
 
 def commands() -> tuple[Command, ...]:
     return (
-        Command("queues", cmd_queues, "list the queues: counts, oldest pending, throughput, pause and limits",
-                (JSON_ARG,)),
+        Command("queues", cmd_queues,
+                "list the queues: counts, oldest pending, throughput, pause, limits and fairness weights",
+                (arg("--keys", metavar="QUEUE", help="per fairness key of QUEUE: ready, scheduled, running, "
+                     "started in the last minute, weight"),
+                 JSON_ARG)),
         Command(
-            "queue", cmd_queue, "pause, resume or limit one queue across the fleet",
-            (arg("action", choices=ACTIONS, metavar="ACTION", help="pause, resume or limit"),
+            "queue", cmd_queue, "pause, resume, limit one queue across the fleet, or weigh a fairness key",
+            (arg("action", choices=ACTIONS, metavar="ACTION", help="pause, resume, limit or weight"),
              arg("name", metavar="QUEUE", help="the queue's name"),
+             arg("key", nargs="?", metavar="KEY", help="weight: the fairness key ('' for jobs enqueued without one)"),
+             arg("weight", nargs="?", metavar="WEIGHT", help="weight: a number > 0 (default 1; at most 1,000,000)"),
              arg("--reason", help="recorded in the queue's timeline"),
              arg("--concurrency", metavar="N", help="limit: at most N jobs running across all workers ('none' "
                  "removes it)"),
@@ -147,7 +220,8 @@ def commands() -> tuple[Command, ...]:
              JSON_ARG),
             description="pause: every worker stops claiming from the queue (running jobs go on, enqueue still "
             "works, the pause is stored). resume: claiming starts again. limit: fleet-wide limits enforced in "
-            "the claim; a limit left out is kept. Exit codes: 0 done, 2 bad arguments or values, 4 no such "
-            "queue (pause, resume).",
+            "the claim; a limit left out is kept. weight QUEUE KEY WEIGHT: the key's jobs get WEIGHT times the "
+            "share of starts of a key of weight 1 among the keys with jobs ready (docs/fairness.md). Exit codes: "
+            "0 done, 2 bad arguments or values, 4 no such queue (pause, resume, weight).",
         ),
     )

@@ -1,4 +1,4 @@
-"""Operator actions on queues: stats, pause, resume, limits. One function per action over a Backend,
+"""Operator actions on queues: stats, pause, resume, limits, fairness weights. One function per action over a Backend,
 called alike by JobsClient, SyncJobsClient (generated from this module), the CLI and (later) the web API;
 each checks its input
 before any database work, so a bad value changes nothing."""
@@ -11,10 +11,10 @@ from uuid import UUID
 
 from taskq.backend import Backend
 from taskq.backend import queues as queue_store
-from taskq.backend.queues import UNSET, LimitChange, WaitState
-from taskq.checks import check_reason, check_text
+from taskq.backend.queues import AHEAD_CAP, UNSET, FairWaitState, LimitChange, WaitState
+from taskq.checks import check_fairness_key, check_fairness_weight, check_reason, check_text
 from taskq.exceptions import ConfigurationError, QueueNotFound
-from taskq.models import QueueLimitsResult, QueuePauseResult, QueueStatsReport
+from taskq.models import FairKeyStats, FairnessWeightResult, QueueLimitsResult, QueuePauseResult, QueueStatsReport
 from taskq.ops.schedules import operator_name
 
 MAX_LIMIT = 2**31 - 1
@@ -76,7 +76,7 @@ async def _set_paused(backend: Backend, name: str, paused: bool, reason: str | N
     who = check_by(by)
     changed = await queue_store.queue_set_paused(backend, name, paused, by=who, reason=reason)
     if changed is None:
-        raise QueueNotFound(f"no queue named {name!r} (no worker serves it and no unfinished job names it)")
+        raise not_found(name)
     return QueuePauseResult(name=name, paused=paused, changed=changed)
 
 
@@ -119,11 +119,82 @@ async def set_queue_limits(
     return QueueLimitsResult(name=name, limits=limits)
 
 
+MAX_KEYS_SHOWN = 1000
+"""`fair_keys` lists at most this many keys of a queue (those with the most ready jobs first)."""
+
+
+def check_weight_key(key: Any) -> str:
+    """The key of a weight: 1-200 characters without control characters, or '' (None) for jobs enqueued
+    without a key."""
+    return check_fairness_key(key, allow_empty=True) or ""
+
+
+def not_found(name: str) -> QueueNotFound:
+    return QueueNotFound(f"no queue named {name!r} (no worker serves it and no unfinished job names it)")
+
+
+async def set_fairness_weight(backend: Backend, queue: str, key: str | None, weight: float, *,
+                              by: str | None = None) -> FairnessWeightResult:
+    """Give the key's jobs in the queue `weight` times the share of starts of a key of weight 1, among the
+    keys with jobs ready at the same priority. Key '' (or None) is the jobs enqueued without a key; weight
+    1 is the default (setting it removes the stored weight). The key's ready jobs are re-spaced at once,
+    in the transaction of the change, and the queue becomes fair (jobs without a key are tagged there
+    from now on). QueueNotFound for a name the database does not know, as for a pause."""
+    queue = check_queue_name(queue)
+    key = check_weight_key(key)
+    weight = check_fairness_weight(weight)
+    done = await queue_store.queue_set_fairness_weight(backend, queue, key, weight, by=check_by(by))
+    if done is None:
+        raise not_found(queue)
+    previous, retagged = done
+    return FairnessWeightResult(queue=queue, key=key, weight=weight, previous=previous, retagged=retagged)
+
+
+async def fairness_weights(backend: Backend, queue: str) -> dict[str, float]:
+    """The queue's weights other than the default 1, by key ('' = jobs without a key)."""
+    return await queue_store.queue_fairness_weights(backend, check_queue_name(queue))
+
+
+async def fair_keys(backend: Backend, queue: str, *, limit: int = MAX_KEYS_SHOWN) -> list[FairKeyStats]:
+    """Per fairness key of the queue: ready, scheduled, running, started in the last minute, weight (the
+    keys with the most ready jobs first, at most `limit`). QueueNotFound for an unknown queue."""
+    queue = check_queue_name(queue)
+    limit = check_limit("limit", limit) or MAX_KEYS_SHOWN
+    if not await queue_store.queue_known(backend, queue):
+        raise not_found(queue)
+    return await queue_store.queue_fair_keys(backend, queue, limit=limit)
+
+
 async def job_wait_reason(backend: Backend, job_id: UUID) -> str | None:
     """Why the job, due and waiting, has not started: its queue is paused, or a limit is used up
-    ("waiting for a concurrency slot of queue mail (5/5 in use)"). None otherwise."""
+    ("waiting for a concurrency slot of queue mail (5/5 in use)"), its actor's isolation class has no
+    free slot on any worker, its key's share is used. Every reason that holds, joined by '; '; None when
+    nothing holds it."""
     state = await queue_store.job_wait_state(backend, job_id)
-    return describe_wait(state) if state is not None else None
+    if state is None:
+        return None
+    fair = await queue_store.job_fair_wait_state(backend, job_id)
+    reasons = [describe_wait(state), *(describe_fair_wait(fair) if fair is not None else [])]
+    return "; ".join([r for r in reasons if r]) or None
+
+
+def describe_fair_wait(state: FairWaitState) -> list[str]:
+    """What else holds a due waiting job, in words: no worker slot of its actor's class, its key's share."""
+    if state.status not in ("pending", "scheduled") or not state.due:
+        return []
+    reasons = []
+    if state.live_workers == 0:
+        reasons.append(f"no live worker serves queue {state.queue}")
+    elif state.knowing_workers == 0 and state.unclassed_workers == 0:
+        reasons.append(f"no live worker serving queue {state.queue} knows actor {state.actor}")
+    elif state.knowing_workers > 0 and state.free_workers == 0:
+        reasons.append(f"its class ({state.class_}) has no free slot on any worker ({state.slots_busy}/{state.slots} "
+                       f"in use on {state.knowing_workers} worker{'s' if state.knowing_workers != 1 else ''})")
+    if state.fair and state.ahead_other_keys > 0:
+        n = f"more than {AHEAD_CAP - 1:,}" if state.ahead_other_keys >= AHEAD_CAP else f"{state.ahead_other_keys:,}"
+        jobs = "ready job of another key comes" if state.ahead_other_keys == 1 else "ready jobs of other keys come"
+        reasons.append(f"its key's share is used: {n} {jobs} first")
+    return reasons
 
 
 def describe_wait(state: WaitState) -> str | None:

@@ -3,7 +3,7 @@
 
 """The sync face of `taskq.ops.queues`, generated from it.
 
-Operator actions on queues: stats, pause, resume, limits. One function per action over a SyncBackend,
+Operator actions on queues: stats, pause, resume, limits, fairness weights. One function per action over a SyncBackend,
 called alike by SyncJobsClient, SyncJobsClient (generated from this module), the CLI and (later) the web API;
 each checks its input
 before any database work, so a bad value changes nothing.
@@ -17,10 +17,20 @@ from uuid import UUID
 from taskq.backend import queues_sync as queue_store_sync
 from taskq.backend.core_sync import SyncBackend
 from taskq.backend.queues import UNSET, LimitChange
-from taskq.checks import check_reason
-from taskq.exceptions import ConfigurationError, QueueNotFound
-from taskq.models import QueueLimitsResult, QueuePauseResult, QueueStatsReport
-from taskq.ops.queues import check_by, check_limit, check_period, check_queue_name, describe_wait
+from taskq.checks import check_fairness_weight, check_reason
+from taskq.exceptions import ConfigurationError
+from taskq.models import FairKeyStats, FairnessWeightResult, QueueLimitsResult, QueuePauseResult, QueueStatsReport
+from taskq.ops.queues import (
+    MAX_KEYS_SHOWN,
+    check_by,
+    check_limit,
+    check_period,
+    check_queue_name,
+    check_weight_key,
+    describe_fair_wait,
+    describe_wait,
+    not_found,
+)
 
 
 def queue_stats(backend: SyncBackend) -> QueueStatsReport:
@@ -50,7 +60,7 @@ def _set_paused(backend: SyncBackend, name: str, paused: bool, reason: str | Non
     who = check_by(by)
     changed = queue_store_sync.queue_set_paused(backend, name, paused, by=who, reason=reason)
     if changed is None:
-        raise QueueNotFound(f"no queue named {name!r} (no worker serves it and no unfinished job names it)")
+        raise not_found(name)
     return QueuePauseResult(name=name, paused=paused, changed=changed)
 
 
@@ -92,8 +102,47 @@ def set_queue_limits(
     return QueueLimitsResult(name=name, limits=limits)
 
 
+def set_fairness_weight(
+    backend: SyncBackend, queue: str, key: str | None, weight: float, *, by: str | None = None
+) -> FairnessWeightResult:
+    """Give the key's jobs in the queue `weight` times the share of starts of a key of weight 1, among the
+    keys with jobs ready at the same priority. Key '' (or None) is the jobs enqueued without a key; weight
+    1 is the default (setting it removes the stored weight). The key's ready jobs are re-spaced at once,
+    in the transaction of the change, and the queue becomes fair (jobs without a key are tagged there
+    from now on). QueueNotFound for a name the database does not know, as for a pause."""
+    queue = check_queue_name(queue)
+    key = check_weight_key(key)
+    weight = check_fairness_weight(weight)
+    done = queue_store_sync.queue_set_fairness_weight(backend, queue, key, weight, by=check_by(by))
+    if done is None:
+        raise not_found(queue)
+    previous, retagged = done
+    return FairnessWeightResult(queue=queue, key=key, weight=weight, previous=previous, retagged=retagged)
+
+
+def fairness_weights(backend: SyncBackend, queue: str) -> dict[str, float]:
+    """The queue's weights other than the default 1, by key ('' = jobs without a key)."""
+    return queue_store_sync.queue_fairness_weights(backend, check_queue_name(queue))
+
+
+def fair_keys(backend: SyncBackend, queue: str, *, limit: int = MAX_KEYS_SHOWN) -> list[FairKeyStats]:
+    """Per fairness key of the queue: ready, scheduled, running, started in the last minute, weight (the
+    keys with the most ready jobs first, at most `limit`). QueueNotFound for an unknown queue."""
+    queue = check_queue_name(queue)
+    limit = check_limit("limit", limit) or MAX_KEYS_SHOWN
+    if not queue_store_sync.queue_known(backend, queue):
+        raise not_found(queue)
+    return queue_store_sync.queue_fair_keys(backend, queue, limit=limit)
+
+
 def job_wait_reason(backend: SyncBackend, job_id: UUID) -> str | None:
     """Why the job, due and waiting, has not started: its queue is paused, or a limit is used up
-    ("waiting for a concurrency slot of queue mail (5/5 in use)"). None otherwise."""
+    ("waiting for a concurrency slot of queue mail (5/5 in use)"), its actor's isolation class has no
+    free slot on any worker, its key's share is used. Every reason that holds, joined by '; '; None when
+    nothing holds it."""
     state = queue_store_sync.job_wait_state(backend, job_id)
-    return describe_wait(state) if state is not None else None
+    if state is None:
+        return None
+    fair = queue_store_sync.job_fair_wait_state(backend, job_id)
+    reasons = [describe_wait(state), *(describe_fair_wait(fair) if fair is not None else [])]
+    return "; ".join([r for r in reasons if r]) or None

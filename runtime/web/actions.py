@@ -381,3 +381,31 @@ async def queue_limit(backend: Backend, caller: Caller, name: str, change: dict[
         return Outcome(200, done.model_dump(mode="json"))
 
     return await run_write(backend, caller, request_fingerprint, body)
+
+
+WEIGHT_AUDIT_ACTION = "queues:limit"
+"""A fairness weight is one of the queue's settings, audited as its limits are (the detail names the key
+and the weight), as `taskq queue weight` does."""
+
+
+async def queue_weight(backend: Backend, caller: Caller, name: str, key: str, weight: float, *, reason: str | None,
+                       request_fingerprint: str) -> Outcome:
+    """Set a fairness key's weight in a queue (queues:write on it) through `queues.set_fairness_weight`, the
+    function `taskq queue weight` calls: 200 with {"queue", "key", "weight", "previous", "retagged"}; the
+    weight, the re-spacing of the key's ready jobs and the audit row commit together. 404, writing
+    nothing, for a queue the database does not know; a bad weight or key is a ConfigurationError (400)
+    raised before any write (the transaction, the receipt included, rolls back)."""
+    if not caller.principal.may("queues:write", name):
+        raise forbidden("queues:write", name)
+
+    async def body(tx: Tx) -> Outcome:
+        try:
+            done = await queue_ops.set_fairness_weight(tx.backend, name, key, weight, by=caller.principal.name)
+        except QueueNotFound:
+            raise not_found(f"queue named {name!r} (no worker serves it and no unfinished job names it)") from None
+        detail = {"fairness_weight": {"key": key, "weight": done.weight, "previous": done.previous}}
+        await audit(tx.conn, caller.entry(WEIGHT_AUDIT_ACTION, reason=reason, detail=detail),
+                    [(None, name, None, "limited" if done.changed else "unchanged")])
+        return Outcome(200, done.model_dump(mode="json"))
+
+    return await run_write(backend, caller, request_fingerprint, body)

@@ -22,7 +22,7 @@ from taskq.ops.queues import check_queue_name
 from taskq.ops.tokens import Principal
 from taskq.web import actions, reads
 from taskq.web.actions import Caller, Outcome
-from taskq.web.bodies import BulkBody, CancelBody, EnqueueBody, LimitBody, M, QueueBody, RequeueBody
+from taskq.web.bodies import BulkBody, CancelBody, EnqueueBody, LimitBody, M, QueueBody, RequeueBody, WeightBody
 from taskq.web.guard import ensure_request_id
 from taskq.web.openapi import schema
 from taskq.web.problems import PROBLEM_TYPE, Problem, bad_request, forbidden, problem_body
@@ -150,18 +150,39 @@ async def json_body(request: Request) -> dict[str, Any]:
     if not raw.strip():
         return {}
     try:
-        body = json.loads(raw, parse_constant=_no_constant)
+        body = json.loads(raw, parse_constant=_Constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"the body is not valid JSON: {exc}") from None
     except RecursionError:
         raise bad_request(DEEP_TEXT) from None
+    constant = _constant_in(body, "") if b"NaN" in raw or b"Infinity" in raw else None
+    if constant is not None:
+        where, token = constant
+        raise bad_request(f"the body is not valid JSON: {where or 'body'}: {token} is not JSON (JSON has no NaN or "
+                          "Infinity)")
     if not isinstance(body, dict):
         raise bad_request("the body must be a JSON object")
     return body
 
 
-def _no_constant(token: str) -> Any:
-    raise ValueError(f"{token} is not JSON")
+class _Constant:
+    """NaN, Infinity or -Infinity where the body holds one (Python's json reads them; JSON has none): kept
+    so that the refusal can name the field."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+
+def _constant_in(value: Any, where: str) -> tuple[str, str] | None:
+    """The first NaN or Infinity in the parsed body and the field holding it (`a.b`, `items.2`)."""
+    if isinstance(value, _Constant):
+        return where, value.token
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        found = _constant_in(v, f"{where}.{k}" if where else str(k))
+        if found is not None:
+            return found
+    return None
 
 
 def parse_body(model: type[M], body: dict[str, Any]) -> M:
@@ -338,7 +359,7 @@ async def enqueue_job(request: Request) -> Response:
         max_payload_bytes=min(DEFAULT_MAX_PAYLOAD_BYTES, st.config.max_body_bytes), queue=parsed.queue,
         priority=parsed.priority, tags=parsed.tags, scheduled_at=parsed.scheduled_at,
         max_attempts=parsed.max_attempts, schedule_to_close=parsed.schedule_to_close,
-        unique_key=parsed.unique_key, unique_scope=parsed.unique_scope)
+        unique_key=parsed.unique_key, unique_scope=parsed.unique_scope, fairness_key=parsed.fairness_key)
     outcome = await actions.enqueue(await st.backend(), caller(request, who), job,
                                     request_fingerprint=fingerprint(request, body))
     return outcome_response(request, outcome)
@@ -415,6 +436,30 @@ async def limit_queue(request: Request) -> Response:
 
 
 @endpoint
+async def queue_keys(request: Request) -> Response:
+    """GET /queues/{name}/keys: per fairness key of the queue its ready, scheduled and running jobs, the jobs
+    started in the last minute and its weight (queues:read)."""
+    who = await principal(request)
+    name = check_queue_name(request.path_params["name"])
+    return ok(request, await reads.queue_keys(await state_of(request).backend(), who, name))
+
+
+@endpoint
+async def put_fairness_weight(request: Request) -> Response:
+    """PUT /queues/{name}/fairness-weights/{key}: set a fairness key's weight (queues:write); the key
+    `~empty` is the jobs enqueued without a key (reads.EMPTY_KEY)."""
+    who = await principal(request)
+    body = await json_body(request)
+    parsed = parse_body(WeightBody, body)
+    name = check_queue_name(request.path_params["name"])
+    key = reads.fairness_key_of(request.path_params["key"])
+    outcome = await actions.queue_weight(await state_of(request).backend(), caller(request, who), name, key,
+                                         parsed.weight, reason=parsed.reason,
+                                         request_fingerprint=fingerprint(request, body))
+    return outcome_response(request, outcome)
+
+
+@endpoint
 async def openapi(request: Request) -> Response:
     return ok(request, schema())
 
@@ -444,6 +489,8 @@ def routes() -> list[BaseRoute]:
         Route("/queues/{name}:pause", _queue("pause"), methods=["POST"]),
         Route("/queues/{name}:resume", _queue("resume"), methods=["POST"]),
         Route("/queues/{name}:limit", limit_queue, methods=["POST"]),
+        Route("/queues/{name}/keys", queue_keys, methods=["GET"]),
+        Route("/queues/{name}/fairness-weights/{key:path}", put_fairness_weight, methods=["PUT"]),
         Route("/queues", list_queues, methods=["GET"]),
         Route("/stats", get_stats, methods=["GET"]),
         Route("/cancellations", list_cancellations, methods=["GET"]),

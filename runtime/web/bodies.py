@@ -44,6 +44,9 @@ class EnqueueBody(_Body):
     schedule_to_close: float | None = Field(default=None, gt=0, le=MAX_SCHEDULE_TO_CLOSE, allow_inf_nan=False)
     unique_key: str | None = None
     unique_scope: str = "active"
+    fairness_key: str | None = None
+    """Checked by the enqueue's own checks (taskq.checks.check_fairness_key): 1-200 characters, no control
+    characters."""
 
 
 class QueueBody(_Body):
@@ -59,6 +62,15 @@ class LimitBody(_Body):
     concurrency_per_key: StrictInt | None = None
     rate_limit: StrictInt | None = None
     rate_period: StrictFloat | StrictInt | None = None
+    reason: str | None = Field(default=None, max_length=10_000)
+
+
+class WeightBody(_Body):
+    """PUT /queues/{name}/fairness-weights/{key}: the key's weight, a finite number > 0 and at most
+    1,000,000 (1 is the default: setting it removes the stored weight), checked by taskq.ops.queues as for
+    `taskq queue weight`."""
+
+    weight: StrictFloat | StrictInt
     reason: str | None = Field(default=None, max_length=10_000)
 
 

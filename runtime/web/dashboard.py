@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.datastructures import FormData
@@ -474,6 +474,43 @@ async def queue_limit(request: Request, who: Principal) -> Response:
     return RedirectResponse(f"{base_of(request)}/?" + urlencode({"msg": msg}), 303)
 
 
+@page
+async def queue(request: Request, who: Principal) -> Response:
+    """A queue's page: its limits and fair share (the weights, and per key: ready, scheduled, running, started
+    in the last minute, weight), with the form that sets a key's weight."""
+    name = check_queue_name(request.path_params["name"])
+    backend = await state_of(request).backend()
+    limits = await reads.queue_limits(backend, who, name)
+    keys = await reads.queue_keys(backend, who, name)
+    return render(request, "queue.html", who, name=name, limits_text=limits.describe(), keys=keys["keys"],
+                  weights=keys["weights"], writable=who.may("queues:write", name),
+                  message=request.query_params.get("msg"))
+
+
+@page
+async def queue_weight(request: Request, who: Principal) -> Response:
+    """The weight form's post, through the API's action (queues:write, idempotency, audit): KEY empty is the
+    jobs enqueued without a key."""
+    name = check_queue_name(request.path_params["name"])
+    form = form_of(request)
+    key = str(form.get("key", ""))
+    text = str(form.get("weight", "")).strip()
+    try:
+        weight = float(text)
+    except ValueError:
+        raise Problem(400, "INVALID_ARGUMENT", f"weight must be a number greater than 0, got {text[:80]!r}") from None
+    reason = str(form.get("reason", "")).strip() or None
+    fp = actions.fingerprint("PUT", f"/api/v1/queues/{name}/fairness-weights/{reads.key_segment(key)}",
+                             {"weight": weight, "reason": reason})
+    st = state_of(request)
+    outcome = await actions.queue_weight(await st.backend(), caller_of(request, who), name,
+                                         reads.fairness_key_of(reads.key_segment(key)), weight, reason=reason,
+                                         request_fingerprint=fp)
+    st.forget()
+    msg = f"weight of {key or '(no key)'}: {outcome.body['weight']:g}"
+    return RedirectResponse(f"{base_of(request)}/queues/{quote(name, safe='')}?" + urlencode({"msg": msg}), 303)
+
+
 def routes() -> list[BaseRoute]:
     return [
         Route("/login", login, methods=["GET", "POST"]),
@@ -486,6 +523,8 @@ def routes() -> list[BaseRoute]:
         Route("/workers", workers, methods=["GET"]),
         Route("/schedules", schedules, methods=["GET"]),
         Route("/schedules/{name}/{verb}", schedule_action, methods=["POST"]),
+        Route("/queues/{name}", queue, methods=["GET"]),
+        Route("/queues/{name}/weight", queue_weight, methods=["POST"]),
         Route("/queues/{name}/limits", queue_limits, methods=["GET"]),
         Route("/queues/{name}/limit", queue_limit, methods=["POST"]),
         Route("/queues/{name}/{verb}", queue_action, methods=["POST"]),

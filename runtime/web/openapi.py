@@ -7,7 +7,7 @@ import functools
 from typing import Any
 
 from taskq.models import JobRow
-from taskq.web.bodies import BulkBody, CancelBody, EnqueueBody, LimitBody, QueueBody, RequeueBody
+from taskq.web.bodies import BulkBody, CancelBody, EnqueueBody, LimitBody, QueueBody, RequeueBody, WeightBody
 
 _REF = "#/components/schemas/{model}"
 
@@ -69,7 +69,7 @@ def schema() -> dict[str, Any]:
             "with /jobs/{job_id}/events and /audit)",
             "properties": {k: {"type": "boolean"} for k in ("events", "attempts", "audit")}}
     models = {m.__name__: m.model_json_schema(ref_template=_REF)
-              for m in (JobRow, CancelBody, RequeueBody, EnqueueBody, BulkBody, QueueBody, LimitBody)}
+              for m in (JobRow, CancelBody, RequeueBody, EnqueueBody, BulkBody, QueueBody, LimitBody, WeightBody)}
     components: dict[str, Any] = {}
     for name, s in models.items():
         components.update(s.pop("$defs", {}))
@@ -149,6 +149,30 @@ def schema() -> dict[str, Any]:
         "limitQueue", "set (a value) or remove (null) a queue's fleet-wide limits; a limit left out is kept "
         "(queues:write on it); creates the queue's row if it has none", "LimitBody",
         {"200": _json("the queue's limits after the change", limits)}, [_NAME])}
+    key_param = {"name": "key", "in": "path", "required": True, "schema": {"type": "string"},
+                 "description": "the fairness key, percent-encoded; `~empty` is the jobs enqueued without a key, "
+                 "and a key that starts with `~` is written with one more (`~~x` is the key `~x`)"}
+    weight = {"type": "object", "required": ["queue", "key", "weight", "previous", "retagged"],
+              "properties": {"queue": {"type": "string"}, "key": {"type": "string", "description": "'' for the "
+                                                                   "jobs without a key"},
+                             "weight": {"type": "number"}, "previous": {"type": "number"},
+                             "retagged": {"type": "integer", "description": "the key's ready jobs re-spaced by the "
+                                          "new weight"}}}
+    paths["/queues/{name}/fairness-weights/{key}"] = {"put": write(
+        "setFairnessWeight", "set a fairness key's weight in a queue (queues:write on it; 1 is the default); 404 "
+        "for an unknown queue", "WeightBody", {"200": _json("the weight before and now", weight)}, [_NAME, key_param])}
+    key_row = {"type": "object", "properties": {
+        "key": {"type": "string"}, "ready": {"type": "integer"}, "scheduled": {"type": "integer"},
+        "running": {"type": "integer"}, "started_last_minute": {"type": "integer"}, "weight": {"type": "number"}}}
+    paths["/queues/{name}/keys"] = {"get": read | {
+        "operationId": "listQueueKeys", "parameters": [_NAME],
+        "summary": "per fairness key of the queue: ready, scheduled, running, started in the last minute, weight "
+                   "(queues:read on it); the key '' is the jobs without a key",
+        "responses": {"200": _json("the keys", {"type": "object", "properties": {
+            "queue": {"type": "string"}, "keys": {"type": "array", "items": key_row},
+            "weights": {"type": "object", "additionalProperties": {"type": "number"}},
+            "empty_key": {"type": "string", "description": "how the empty key is spelled in a path"}}})}
+        | _ERRORS}}
     return {
         "openapi": "3.1.0",
         "info": {"title": "taskq operator API", "version": "1"},

@@ -17,8 +17,9 @@ from taskq.backend import web as web_store
 from taskq.backend.dependencies import DependencyEdge
 from taskq.backend.web import JobPage, fetch_all
 from taskq.checks import check_text
-from taskq.exceptions import ConfigurationError
+from taskq.exceptions import ConfigurationError, QueueNotFound
 from taskq.models import JobAttempt, JobEvent, JobFilter, JobRow, JobStatus, QueueLimits
+from taskq.ops import queues as queue_ops
 from taskq.ops import schedules as schedule_ops
 from taskq.ops.tokens import Principal
 from taskq.settings import WorkerSettings
@@ -161,11 +162,13 @@ async def readable_job(backend: Backend, who: Principal, job_id: UUID) -> JobRow
 
 
 async def job_detail(backend: Backend, who: Principal, job_id: UUID) -> dict[str, Any]:
-    """The row (with its revision), events, attempts, audit, parents and children, and the cancel ladder's
-    clocks. `parents` are the jobs this one depends on and `children` the jobs that depend on it (the
-    edges of taskq.job_dependencies, each with the other job's status now and how the edge resolved),
-    then the jobs spawned with parent_id (a spawned child shows as {"id", "status", "actor",
-    "spawned": true}); edges to jobs of queues the caller may not read are left out."""
+    """The row (with its revision), events, attempts, audit, parents and children, the cancel ladder's
+    clocks, and `waiting`: why a due waiting job has not started (its queue is paused, a limit is used up,
+    no worker has a free slot of its actor's isolation class, its fairness key's share is used), or null.
+    `parents` are the jobs this one depends on and `children` the jobs that depend on it (the edges of
+    taskq.job_dependencies, each with the other job's status now and how the edge resolved), then the jobs
+    spawned with parent_id (a spawned child shows as {"id", "status", "actor", "spawned": true}); edges to
+    jobs of queues the caller may not read are left out."""
     row = await readable_job(backend, who, job_id)
     events = await fetch_all(backend, "job_events_page", {"id": job_id, "before": None, "limit": DETAIL_ROWS + 1})
     attempts = await fetch_all(backend, "job_attempts_newest", {"id": job_id, "limit": DETAIL_ROWS + 1})
@@ -185,6 +188,8 @@ async def job_detail(backend: Backend, who: Principal, job_id: UUID) -> dict[str
     children += [{"id": str(c.id), "status": c.status, "actor": c.actor, "spawned": True} for c in spawned
                  if str(c.id) not in seen and who.may("jobs:read", c.queue)]
     job = row.model_dump(mode="json")
+    waiting = await queue_ops.job_wait_reason(backend, job_id) if row.status in (JobStatus.PENDING,
+                                                                                 JobStatus.SCHEDULED) else None
     if row.parent_id is not None and row.parent_id not in readable:
         job["parent_id"] = None  # the spawning job sits in a queue the caller may not read
     return {
@@ -197,6 +202,7 @@ async def job_detail(backend: Backend, who: Principal, job_id: UUID) -> dict[str
         "more": {"events": len(events) > DETAIL_ROWS, "attempts": len(attempts) > DETAIL_ROWS,
                  "audit": len(audit) > DETAIL_ROWS},
         "cancel_ladder": ladder,
+        "waiting": waiting,
     }
 
 
@@ -409,6 +415,46 @@ async def queue_limits(backend: Backend, who: Principal, name: str) -> QueueLimi
             return QueueLimits(concurrency=r["concurrency_limit"], concurrency_per_key=r["concurrency_per_key"],
                                rate_limit=r["rate_limit"], rate_period=r["rate_period"])
     return QueueLimits()
+
+
+EMPTY_KEY = "~empty"
+"""How the empty fairness key (jobs enqueued without one) is spelled in a URL's path: `~empty`. A key that
+itself starts with `~` is written with one more (`~~x` is the key `~x`); any other `~` start is refused."""
+
+
+def fairness_key_of(segment: str) -> str:
+    """The fairness key a URL path segment names (EMPTY_KEY: the empty key), checked; 400 naming it."""
+    if segment == EMPTY_KEY:
+        return ""
+    if segment.startswith("~~"):
+        segment = segment[1:]
+    elif segment.startswith("~"):
+        raise bad_request(f"key: {segment[:80]!r} is no fairness key: write {EMPTY_KEY} for the jobs without a key "
+                          "and double a leading '~' (~~x is the key ~x)")
+    try:
+        return queue_ops.check_weight_key(segment)
+    except ConfigurationError as exc:
+        raise bad_request(str(exc)) from None
+
+
+def key_segment(key: str) -> str:
+    """The path segment of a fairness key (the inverse of fairness_key_of), before percent-encoding."""
+    return EMPTY_KEY if key == "" else "~" + key if key.startswith("~") else key
+
+
+async def queue_keys(backend: Backend, who: Principal, name: str) -> dict[str, Any]:
+    """GET /queues/{name}/keys: per fairness key of the queue ('' = jobs without a key) its ready, scheduled
+    and running jobs, the jobs started in the last minute and its weight, and the queue's weights other
+    than 1 (queues:read or queues:write on it). 404 for a queue the database does not know."""
+    if not may_see_queue(who, name):
+        raise forbidden("queues:read", name)
+    try:
+        keys = await queue_ops.fair_keys(backend, name)
+    except QueueNotFound:
+        raise not_found(f"queue named {name!r} (no worker serves it and no unfinished job names it)") from None
+    weights = await queue_ops.fairness_weights(backend, name)
+    return {"queue": name, "keys": [k.model_dump(mode="json") for k in keys], "weights": weights,
+            "empty_key": EMPTY_KEY}
 
 
 def _queue_entry() -> dict[str, Any]:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import psycopg
 import pytest
@@ -763,6 +764,88 @@ WEB_CASES: list[Case] = [
 CASES += WEB_CASES
 
 
+# -- fair share (issue 31): weights and keys through the client, the CLI and the HTTP API -------------------
+
+LONG_KEY = "k" * 201
+
+
+Run = Callable[[Env], Outcome | Awaitable[Outcome]]
+
+
+def _client_weight(key: str, weight: Any, queue: str = "seed") -> Run:
+    return lambda e: client_call(e, lambda c: c.set_fairness_weight(queue, key, weight))
+
+
+def _client_enqueue_key(key: str) -> Run:
+    return lambda e: client_call(e, lambda c: c.enqueue("matrix.x", 1, fairness_key=key))
+
+
+def _cli(*args: str) -> Run:
+    return lambda e: cli(e, *args)
+
+
+def _web_weight(key: str, body: bytes, queue: str = "seed") -> Run:
+    path = f"/api/v1/queues/{queue}/fairness-weights/{quote(key, safe='')}"
+    return lambda e: web_call(e, "PUT", path, content=body, headers={"Content-Type": "application/json"})
+
+
+def _web_enqueue_key(key: str) -> Run:
+    return lambda e: web_call(e, "POST", "/api/v1/jobs", json={"actor": "a", "fairness_key": key})
+
+
+def _weight_cases() -> list[Case]:
+    """Each bad weight or key, and a weight for a queue that does not exist, on the three faces; the
+    fingerprint covers taskq.fairness_weights and taskq.fair_queues (nothing may be written)."""
+    weights: list[tuple[str, str, Any, str, str]] = [
+        # id, shown, client value, CLI text, JSON body
+        ("zero", "0", 0, "0", '{"weight": 0}'),
+        ("negative", "-1", -1.0, "-1", '{"weight": -1}'),
+        ("nan", "NaN", float("nan"), "nan", '{"weight": NaN}'),
+        ("infinite", "inf", float("inf"), "inf", '{"weight": 1e400}'),
+        ("bool", "True", True, "true", '{"weight": true}'),
+        ("string", "'3'", "3", "three", '{"weight": "3"}'),
+    ]
+    cases: list[Case] = []
+    for wid, shown, value, text, body in weights:
+        cases += [
+            Case(f"client-fairness-weight-{wid}", "client", f"set_fairness_weight('seed', 'k', {shown})",
+                 "ConfigurationError", "weight", _client_weight("k", value)),
+            Case(f"cli-fairness-weight-{wid}", "cli", f"taskq queue weight seed k {text}", "exit 2", "weight",
+                 _cli("queue", "weight", "seed", "k", text)),
+            Case(f"web-fairness-weight-{wid}", "web", f"PUT /queues/seed/fairness-weights/k {body}",
+                 "400 INVALID_ARGUMENT", "weight", _web_weight("k", body.encode())),
+        ]
+    keys: list[tuple[str, str, str]] = [("long", "a key of 201 characters", LONG_KEY),
+                                        ("control", "a key with a control character", "a\x07b")]
+    for kid, shown, key in keys:
+        cases += [
+            Case(f"client-fairness-key-{kid}", "client", f"set_fairness_weight('seed', {shown}, 2)",
+                 "ConfigurationError", "fairness_key", _client_weight(key, 2)),
+            Case(f"client-enqueue-fairness-key-{kid}", "client", f"enqueue(fairness_key={shown})",
+                 "ConfigurationError", "fairness_key", _client_enqueue_key(key)),
+            Case(f"cli-fairness-key-{kid}", "cli", f"taskq queue weight seed <{shown}> 2", "exit 2", "fairness_key",
+                 _cli("queue", "weight", "seed", key, "2")),
+            Case(f"cli-enqueue-fairness-key-{kid}", "cli", f"taskq enqueue --fairness-key <{shown}>", "exit 2",
+                 "fairness_key", _cli("enqueue", "matrix.x", "--payload", "1", "--fairness-key", key)),
+            Case(f"web-fairness-key-{kid}", "web", f"PUT /queues/seed/fairness-weights/<{shown}>",
+                 "400 INVALID_ARGUMENT", "fairness_key", _web_weight(key, b'{"weight": 2}')),
+            Case(f"web-enqueue-fairness-key-{kid}", "web", f"POST /jobs fairness_key=<{shown}>",
+                 "400 INVALID_ARGUMENT", "fairness_key", _web_enqueue_key(key)),
+        ]
+    cases += [
+        Case("client-fairness-weight-unknown-queue", "client", "set_fairness_weight('nope', 'k', 2)",
+             "QueueNotFound", "no queue named 'nope'", _client_weight("k", 2, queue="nope")),
+        Case("cli-fairness-weight-unknown-queue", "cli", "taskq queue weight nope k 2", "exit 4",
+             "no queue named 'nope'", _cli("queue", "weight", "nope", "k", "2")),
+        Case("web-fairness-weight-unknown-queue", "web", "PUT /queues/nope/fairness-weights/k", "404 NOT_FOUND",
+             "no queue named 'nope'", _web_weight("k", b'{"weight": 2}', queue="nope")),
+    ]
+    return cases
+
+
+CASES += _weight_cases()
+
+
 # -- databases ----------------------------------------------------------------------------------------
 
 
@@ -857,7 +940,9 @@ SELECT (SELECT count(*) FROM taskq.jobs),
        -- a worker may register a queue (its row, first use); no case may pause or limit one
        (SELECT md5(coalesce(string_agg(q::text, '|' ORDER BY q.name), '')) FROM taskq.queues q WHERE q.controlled),
        (SELECT md5(coalesce(string_agg(a::text, '|' ORDER BY a.actor), '')) FROM taskq.actor_limits a),
-       (SELECT count(*) FROM taskq.queue_events)
+       (SELECT count(*) FROM taskq.queue_events),
+       (SELECT md5(coalesce(string_agg(w::text, '|' ORDER BY w.queue, w.key), '')) FROM taskq.fairness_weights w),
+       (SELECT md5(coalesce(string_agg(f.queue, '|' ORDER BY f.queue), '')) FROM taskq.fair_queues f)
 """
 
 
