@@ -9,11 +9,17 @@ WITH q AS (
     INSERT INTO taskq.queues (name) SELECT DISTINCT unnest(%(queues)s::text[]) ORDER BY 1
     ON CONFLICT (name) DO NOTHING
 )
-INSERT INTO taskq.workers (id, host, pid, queues, concurrency, lease_expires_at)
+-- The capacities (jobs of each isolation class the worker runs at once; `concurrency` is the async one) and
+-- the class of each of its actors are what inv_class_capacity checks its attempts against.
+INSERT INTO taskq.workers (id, host, pid, queues, concurrency, lease_expires_at, capacity_async, capacity_thread,
+                           capacity_process, actor_isolation)
 VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s,
-        now() + %(lock_timeout)s::float8 * interval '1 second')
+        now() + %(lock_timeout)s::float8 * interval '1 second', %(capacity_async)s, %(capacity_thread)s,
+        %(capacity_process)s, %(actor_isolation)s)
 ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = now(), stopping = false,
-    lease_expires_at = excluded.lease_expires_at;
+    lease_expires_at = excluded.lease_expires_at, capacity_async = excluded.capacity_async,
+    capacity_thread = excluded.capacity_thread, capacity_process = excluded.capacity_process,
+    actor_isolation = excluded.actor_isolation;
 
 -- name: worker_stopping
 UPDATE taskq.workers SET stopping = true WHERE id = %(id)s;

@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from psycopg import AsyncConnection
+from psycopg.types.json import Jsonb
 
 from taskq import sql
 from taskq.backend.core import Backend
@@ -121,10 +122,17 @@ class WorkerStore:
         self.worker_id = worker_id
 
     async def register(self, queues: Sequence[str], concurrency: int, lock_timeout: float,
-                       conn: AsyncConnection[Any] | None = None) -> None:
-        """Insert or refresh our workers row with a new lease (in `conn`'s transaction when given)."""
+                       conn: AsyncConnection[Any] | None = None, *, capacities: Mapping[str, int] | None = None,
+                       actor_isolation: Mapping[str, str] | None = None) -> None:
+        """Insert or refresh our workers row with a new lease (in `conn`'s transaction when given).
+        `concurrency` is the async capacity; `capacities` each class's ({"async": .., "thread": ..,
+        "process": ..}), `actor_isolation` the class of each actor the worker knows."""
+        caps = capacities or {}
         params = {"id": self.worker_id, "host": socket.gethostname(), "pid": os.getpid(),
-                  "queues": list(queues), "concurrency": concurrency, "lock_timeout": lock_timeout}
+                  "queues": list(queues), "concurrency": concurrency, "lock_timeout": lock_timeout,
+                  "capacity_async": caps.get("async", concurrency), "capacity_thread": caps.get("thread"),
+                  "capacity_process": caps.get("process"),
+                  "actor_isolation": None if actor_isolation is None else Jsonb(dict(actor_isolation))}
         if conn is not None:
             await conn.execute(sql.query("worker_register"), params)
             return
@@ -148,16 +156,45 @@ class WorkerStore:
             rows = await cur.fetchall()
         return [ClaimedJob(*row) for row in rows]
 
+    async def claim_classes(self, queues: Sequence[str], actors: Sequence[str], classes: Sequence[int],
+                            slots: Sequence[int], lock_timeout: float) -> list[ClaimedJob]:
+        """A mixed worker's plain claim (job_claim_classes): jobs of `actors` only, each actor in the class
+        of the same index in `classes` (1-based into `slots`), at most `slots[class]` jobs of each class."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(sql.query("job_claim_classes"), {
+                "queues": list(queues), "actors": list(actors), "classes": list(classes), "slots": list(slots),
+                "worker_id": self.worker_id, "lock_timeout": lock_timeout,
+            })
+            rows = await cur.fetchall()
+        return [ClaimedJob(*row) for row in rows]
+
+    async def claim_strays(self, queues: Sequence[str], known: Sequence[str], limit: int,
+                           lock_timeout: float) -> list[ClaimedJob]:
+        """Up to `limit` jobs of actors not in `known` (job_claim_strays): a mixed worker fails them at once
+        (UnknownActor), as a worker of one class does the ones its job_claim takes."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(sql.query("job_claim_strays"), {
+                "queues": list(queues), "known": list(known), "limit": limit, "worker_id": self.worker_id,
+                "lock_timeout": lock_timeout,
+            })
+            rows = await cur.fetchall()
+        return [ClaimedJob(*row) for row in rows]
+
     async def claim_limited(self, queues: Sequence[str], limit: int, lock_timeout: float, *,
-                            queue_limits_only: bool = False) -> list[ClaimedJob]:
+                            queue_limits_only: bool = False, only: Sequence[str] | None = None,
+                            exclude: Sequence[str] | None = None) -> list[ClaimedJob]:
         """The limited claim (job_claim_limited): one statement in autocommit, whose function locks the
         scopes and then counts and claims with a snapshot taken under the locks; the locks go at its
         commit, with no client turn inside. `queue_limits_only`: no actor limit and no per-key limit on
         our queues, as far as the worker knows: the lighter job_claim_queue_limited (which checks that
-        itself)."""
+        itself). `only` / `exclude` (a mixed worker's claim of one isolation class): jobs of these actors
+        only / of any actor but these (the _v16 functions)."""
         params = {"queues": list(queues), "limit": limit, "scan": max(limit, LIMITED_SCAN),
                   "worker_id": self.worker_id, "lock_timeout": lock_timeout}
         name = "job_claim_queue_limited" if queue_limits_only else "job_claim_limited"
+        if only is not None or exclude is not None:
+            name += "_classes"
+            params |= {"only": None if only is None else list(only), "exclude": list(exclude or ())}
         async with self.pool.connection() as conn:
             cur = await conn.execute(sql.query(name), params)
             rows = await cur.fetchall()
