@@ -28,7 +28,7 @@ from taskq.checks import as_job_id
 from taskq.client import WAIT_POLL_INTERVAL, R, offset_skipped
 from taskq.dsn import resolve_dsn
 from taskq.enqueue import DEFAULT_MAX_PAYLOAD_BYTES as DEFAULT_MAX_PAYLOAD_BYTES
-from taskq.enqueue import check_options, encode_payloads, prepare_insert
+from taskq.enqueue import batch_fairness_keys, check_options, encode_payloads, prepare_insert
 from taskq.exceptions import ConfigurationError, DependencyInvalid, JobFailed
 from taskq.models import (
     FAILURE_STATUSES,
@@ -218,6 +218,7 @@ class SyncJobsClient:
         depends_on: Iterable[workflows.ParentRef] | None = None,
         dependency_mode: str = "on_success",
         concurrency_key: str | None = None,
+        fairness_key: str | None = None,
     ) -> SyncJobHandle[R]:
         """Validate then write one job. With `connection`, the insert joins that connection's open
         transaction (commit or roll back with your own data); otherwise it commits at once.
@@ -232,7 +233,11 @@ class SyncJobsClient:
         it (ParentFailed) when a parent ends other than succeeded; 'on_any_terminal' runs it anyway.
 
         `concurrency_key` (e.g. a tenant): the key of the per-key limits (`concurrency_per_key`) of the
-        job's queue and actor."""
+        job's queue and actor.
+
+        `fairness_key` (e.g. a tenant, at most 200 characters): the job's queue shares its starts among the
+        keys with jobs ready, by their weights (`set_fairness_weight`, default 1); None is the empty key
+        (docs/fairness.md)."""
         parents, mode = workflows.check_dependencies(depends_on, dependency_mode)
         if parents and unique_key is not None:
             raise DependencyInvalid("unique_key cannot be combined with depends_on")
@@ -248,6 +253,7 @@ class SyncJobsClient:
             unique_key=unique_key,
             unique_scope=unique_scope,
             concurrency_key=concurrency_key,
+            fairness_key=fairness_key,
         )
         with tracing.producer(job.options.queue, job.options.actor, job.id) as trace_context:
             if trace_context is not None:
@@ -284,6 +290,7 @@ class SyncJobsClient:
         depends_on: Iterable[workflows.ParentRef] | None = None,
         dependency_mode: str = "on_success",
         concurrency_key: str | None = None,
+        fairness_key: str | Sequence[str | None] | None = None,
     ) -> list[SyncJobHandle[R]]:
         """Validate every payload first, then write them all in one transaction (statements of at most
         `chunk_size` rows). One invalid payload writes nothing.
@@ -294,7 +301,8 @@ class SyncJobsClient:
         when two items share a key: the first one wins).
 
         `depends_on`: every job waits on the same parents (a fan-out), as in `enqueue`. `concurrency_key` is one key
-        for all."""
+        for all. `fairness_key`: one key for all, or a sequence with one key (or None) per payload (not with
+        `depends_on`)."""
         parents, mode = workflows.check_dependencies(depends_on, dependency_mode)
         if parents and unique_key is not None:
             raise DependencyInvalid("unique_key cannot be combined with depends_on")
@@ -313,6 +321,7 @@ class SyncJobsClient:
             raise ConfigurationError(f"chunk_size must be a positive int, got {chunk_size!r}")
         items = payloads if isinstance(payloads, list) else list(payloads)
         encoded = encode_payloads(actor, opts.actor, items, self.max_payload_bytes)
+        opts, fair_keys = batch_fairness_keys(fairness_key, opts, len(encoded), dependent=bool(parents))
         keys = batch_unique_keys(unique_key, unique_scope, opts, encoded)
         ids = uuid7_many(len(encoded))
         if keys is None:
@@ -328,6 +337,8 @@ class SyncJobsClient:
                 [encoded[i] for i in order],
                 [given[i] for i in order],
             )
+            if fair_keys is not None:
+                fair_keys = [fair_keys[i] for i in order]
         skipped: dict[int, UUID] = {}
         with tracing.producer(opts.queue, opts.actor, None, len(encoded)) as trace_context:
             if trace_context is not None:
@@ -339,6 +350,7 @@ class SyncJobsClient:
                     options=opts,
                     unique_keys=None if keys is None else keys[i : i + chunk_size],
                     unique_scope=None if keys is None else unique_scope,
+                    fairness_keys=None if fair_keys is None else fair_keys[i : i + chunk_size],
                 )
                 for i in range(0, len(encoded), chunk_size)
             ]

@@ -54,6 +54,7 @@ class ChildJobs:
         depends_on: Iterable[Any] | None = None,
         dependency_mode: str = "on_success",
         concurrency_key: str | None = None,
+        fairness_key: str | None = None,
     ) -> JobHandle[Any]:
         """As `JobsClient.enqueue`; with a unique key held by another job, returns that job's handle
         with `created` False. `depends_on` (handles or ids) and `dependency_mode` as for the client."""
@@ -62,7 +63,7 @@ class ChildJobs:
             "max_attempts": max_attempts, "schedule_to_close": schedule_to_close,
             "unique_key": unique_key, "unique_scope": unique_scope,
             "depends_on": depends_on, "dependency_mode": dependency_mode,
-            "concurrency_key": concurrency_key,
+            "concurrency_key": concurrency_key, "fairness_key": fairness_key,
         }
         return await self._ctx._runtime.enqueue_child(self._ctx, target, payload, options)
 

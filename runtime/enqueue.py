@@ -17,7 +17,7 @@ from pydantic_core import SchemaValidator, core_schema, from_json
 
 from taskq.actors.declaration import Actor, ActorRegistry
 from taskq.backend import JobInsert, JobOptions, uuid7
-from taskq.checks import check_text
+from taskq.checks import check_fairness_key, check_text
 from taskq.exceptions import ConfigurationError, PayloadInvalid, PayloadTooLarge
 from taskq.unique import unique_of
 
@@ -150,6 +150,7 @@ def check_options(
     max_attempts: int | None = None,
     schedule_to_close: float | timedelta | None = None,
     concurrency_key: str | None = None,
+    fairness_key: str | None = None,
 ) -> tuple[Actor[Any, Any] | None, JobOptions]:
     """The actor (when this process knows it) and the checked options, shared by every payload. A known
     actor is refused on a queue it is not bound to (`@actor(queues=...)`); a name this process does not
@@ -185,6 +186,7 @@ def check_options(
         schedule_to_close=_seconds("schedule_to_close", deadline),
         idempotent=actor.idempotent if actor is not None else True,
         concurrency_key=None if concurrency_key is None else check_text("concurrency_key", concurrency_key),
+        fairness_key=check_fairness_key(fairness_key),
     )
 
 
@@ -204,11 +206,13 @@ def prepare_insert(
     unique_key: str | bool | None = None,
     unique_scope: str = "active",
     concurrency_key: str | None = None,
+    fairness_key: str | None = None,
 ) -> JobInsert:
     """Everything enqueue checks before any write: the payload, names, tags, times, limits and key."""
     actor, opts = check_options(
         target, registry, queue=queue, priority=priority, tags=tags, scheduled_at=scheduled_at,
         max_attempts=max_attempts, schedule_to_close=schedule_to_close, concurrency_key=concurrency_key,
+        fairness_key=fairness_key,
     )
     if parent_id is not None:
         opts = replace(opts, parent_id=parent_id)
@@ -219,3 +223,23 @@ def prepare_insert(
     return JobInsert(id=uuid7(), payload_json=payload_json, options=opts, unique_key=key, unique_scope=scope)
 
 
+
+
+def batch_fairness_keys(
+    fairness_key: str | Sequence[str | None] | None, opts: JobOptions, count: int, *, dependent: bool
+) -> tuple[JobOptions, list[str | None] | None]:
+    """`enqueue_many`'s fairness keys: one key for every job (in the options), or one key (or None) per
+    payload (returned as a list, the options keeping None)."""
+    if fairness_key is None or isinstance(fairness_key, str):
+        return replace(opts, fairness_key=check_fairness_key(fairness_key)), None
+    if isinstance(fairness_key, bytes) or not isinstance(fairness_key, Sequence):
+        raise ConfigurationError(
+            f"fairness_key must be a string, or a sequence with one key (or None) per payload, got {fairness_key!r}"
+        )
+    if len(fairness_key) != count:
+        raise ConfigurationError(
+            f"fairness_key: {len(fairness_key)} keys for {count} payloads (give one key, or None, per payload)"
+        )
+    if dependent:
+        raise ConfigurationError("fairness_key: one key per payload cannot be combined with depends_on (give one key)")
+    return opts, [check_fairness_key(k) for k in fairness_key]

@@ -120,6 +120,12 @@ class JobRow(BaseModel):
     """'on_success' or 'on_any_terminal' for a job enqueued with depends_on; None otherwise."""
     concurrency_key: str | None = None
     """The key of per-key concurrency limits (`concurrency_key=` at enqueue), if any."""
+    fairness_key: str | None = None
+    """The key its queue shares starts by (`fairness_key=` at enqueue; None: the empty key)."""
+    fair_tag: float | None = None
+    """Its place among the ready jobs of its queue and priority when the queue shares by key (claims take
+    the smallest first); None in a queue without fair share, infinite until a job written to start later
+    is due."""
 
     @property
     def is_terminal(self) -> bool:

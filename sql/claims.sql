@@ -2,7 +2,8 @@
 -- control that decides which may be taken (pauses, fleet-wide limits). Parameters are psycopg %(name)s.
 
 -- name: job_claim
--- Claim up to %(limit)s due jobs of our queues, most urgent first; one attempts row and one event each.
+-- Claim up to %(limit)s due jobs of our queues, most urgent first (and in a fair queue by fair_tag among jobs of
+-- one priority: sql/0016_fair_claims.sql); one attempts row and one event each.
 -- One ordered index scan per queue (jobs_claim_idx), each stopping at the limit: `queue = ANY(...)`
 -- would read and sort the whole backlog on every claim. With several queues, the rows one queue's
 -- scan locked but the final LIMIT leaves out are unlocked again at commit, untouched.
@@ -24,16 +25,16 @@ WITH picked AS (
     SELECT c.id, c.prev
     FROM (SELECT DISTINCT unnest(%(queues)s::text[]) LIMIT cardinality(%(queues)s::text[])) AS q(name)
     CROSS JOIN LATERAL (
-        SELECT id, status AS prev, priority, scheduled_at FROM taskq.jobs
+        SELECT id, status AS prev, priority, fair_tag, scheduled_at FROM taskq.jobs
         WHERE status IN ('pending', 'scheduled') AND queue = q.name AND scheduled_at <= now()
           AND CASE WHEN EXISTS (SELECT 1 FROM taskq.actor_limits)
                    THEN actor <> ALL(ARRAY(SELECT actor FROM taskq.actor_limits)) ELSE true END
           AND q.name <> ALL(ARRAY(SELECT name FROM taskq.queues WHERE controlled))
-        ORDER BY priority, scheduled_at, id
+        ORDER BY priority, fair_tag NULLS FIRST, scheduled_at, id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     ) AS c
-    ORDER BY c.priority, c.scheduled_at, c.id
+    ORDER BY c.priority, c.fair_tag NULLS FIRST, c.scheduled_at, c.id
     LIMIT %(limit)s
 ), claimed AS (
     UPDATE taskq.jobs AS j SET
@@ -77,8 +78,8 @@ ORDER BY priority, id;
 --   period holds at most rate_limit starts.
 -- A job that cannot start now is left as it is: no attempt is spent, any worker may take it later.
 -- %(scan)s: rows read per scope at least (a claim for one slot still looks past a few full keys).
-SELECT * FROM taskq.job_claim_limited(%(queues)s::text[], %(limit)s::int, %(scan)s::int, %(worker_id)s::text,
-                                      %(lock_timeout)s::float8);
+SELECT * FROM taskq.job_claim_limited_v16(%(queues)s::text[], %(limit)s::int, %(scan)s::int, %(worker_id)s::text,
+                                          %(lock_timeout)s::float8, %(only)s::text[], %(except)s::text[]);
 
 -- name: job_claim_queue_limited
 -- job_claim_limited for the common case: our queues limited by concurrency or rate only (no per-key
@@ -86,8 +87,8 @@ SELECT * FROM taskq.job_claim_limited(%(queues)s::text[], %(limit)s::int, %(scan
 -- left of its limits, in claim order, as job_claim's does at the batch: no ranking. It takes nothing from
 -- a queue with a per-key limit, nor anything at all once an actor limit exists; the worker then uses
 -- job_claim_limited (its view of queue control says so by its next claim).
-SELECT * FROM taskq.job_claim_queue_limited(%(queues)s::text[], %(limit)s::int, %(worker_id)s::text,
-                                            %(lock_timeout)s::float8);
+SELECT * FROM taskq.job_claim_queue_limited_v16(%(queues)s::text[], %(limit)s::int, %(worker_id)s::text,
+                                                %(lock_timeout)s::float8, %(only)s::text[], %(except)s::text[]);
 
 -- name: queue_control_read
 -- What a worker needs to know to choose its claim: for each of our queues, paused or limited, and
@@ -248,13 +249,8 @@ SELECT id, actor, queue, payload, attempt, max_attempts, claim_epoch, progress, 
 FROM claimed
 ORDER BY priority, id;
 
--- name: job_claim_limited_classes
--- job_claim_limited for one isolation class of a mixed worker: jobs of the %(only)s actors (NULL: any),
--- none of the %(exclude)s ones; in fair order (sql/0016_fair_claims.sql).
-SELECT * FROM taskq.job_claim_limited_v16(%(queues)s::text[], %(limit)s::int, %(scan)s::int, %(worker_id)s::text,
-                                          %(lock_timeout)s::float8, %(only)s::text[], %(exclude)s::text[]);
-
--- name: job_claim_queue_limited_classes
--- job_claim_queue_limited for one isolation class of a mixed worker (see job_claim_limited_classes).
-SELECT * FROM taskq.job_claim_queue_limited_v16(%(queues)s::text[], %(limit)s::int, %(worker_id)s::text,
-                                                %(lock_timeout)s::float8, %(only)s::text[], %(exclude)s::text[]);
+-- name: fair_promote
+-- Jobs of our fair queues written to start later and due now get their tag (sql/0016_fair_claims.sql);
+-- run with the read of queue control, every poll_interval. Until then such a job is claimed after the
+-- tagged jobs of its priority.
+SELECT taskq.fair_promote_v16(%(queues)s::text[]) AS promoted;

@@ -36,20 +36,29 @@ WITH locked AS (
 ), ins AS (
     INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
                             scheduled_at, schedule_to_close, parent_id, idempotent, trace_context, concurrency_key,
-                            parents_remaining, dependency_mode,
+                            fairness_key, fair_tag, parents_remaining, dependency_mode,
                             cancel_requested_at, cancel_reason, error_class, error_message, finished_at)
     SELECT u.id, %(actor)s::text, %(queue)s::text, u.payload::jsonb, d.status,
            %(priority)s::int, %(tags)s::text[], %(max_attempts)s::int,
            greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
            now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s::uuid,
            %(idempotent)s::boolean, %(trace_context)s::jsonb, %(concurrency_key)s::text,
+           %(fairness_key)s::text, fair.base + u.ord * fair.step,
            d.remaining, %(dependency_mode)s::text,
            CASE WHEN d.status = 'cancelled' THEN now() END,
            CASE WHEN d.status = 'cancelled' THEN 'parent-failure:' || d.failed END,
            CASE WHEN d.status = 'cancelled' THEN 'ParentFailed' END,
            CASE WHEN d.status = 'cancelled' THEN format('parent %%s ended %%s', d.failed_parent, d.failed) END,
            CASE WHEN d.status = 'cancelled' THEN now() END
-    FROM decided AS d, unnest(%(ids)b::uuid[], %(payloads)b::text[]) AS u(id, payload)
+    FROM decided AS d CROSS JOIN unnest(%(ids)b::uuid[], %(payloads)b::text[]) WITH ORDINALITY AS u(id, payload, ord)
+    -- a fair queue's tag, from the enqueue (sql/0016_fair_claims.sql): released, the job goes first of its key
+    LEFT JOIN LATERAL (
+        SELECT b.x[1] AS base, b.x[2] AS step
+        FROM taskq.fair_base_v16(%(queue)s::text, coalesce(%(fairness_key)s::text, ''), %(priority)s::int,
+                                 coalesce(%(scheduled_at)s::timestamptz <= now(), true)) AS b(x)
+        WHERE %(fairness_key)s::text IS NOT NULL
+           OR EXISTS (SELECT 1 FROM taskq.fair_queues AS f WHERE f.queue = %(queue)s::text)
+    ) AS fair ON true
     RETURNING id, status, scheduled_at, schedule_to_close, created_at
 ), edges AS (
     INSERT INTO taskq.job_dependencies (parent_id, child_id, resolved_at, parent_status)

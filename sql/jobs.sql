@@ -7,13 +7,19 @@
 -- INSERT ... RETURNING (the NOTIFY in the RETURNING list) costs the server a sixth less than the same
 -- statement wrapped in a CTE. With notify false the NOTIFY is left to a later jobs_notify (backend_notify).
 INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
-                        scheduled_at, schedule_to_close, parent_id, idempotent, trace_context, concurrency_key)
+                        scheduled_at, schedule_to_close, parent_id, idempotent, trace_context, concurrency_key,
+                        fairness_key, fair_tag)
 VALUES (%(id)s, %(actor)s, %(queue)s, %(payload)s::jsonb,
         CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
         %(priority)s, %(tags)s::text[], %(max_attempts)s,
         greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
         now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s, %(idempotent)s,
-        %(trace_context)s::jsonb, %(concurrency_key)s::text)
+        %(trace_context)s::jsonb, %(concurrency_key)s::text, %(fairness_key)s::text,
+        CASE WHEN %(fairness_key)s::text IS NOT NULL
+                  OR EXISTS (SELECT 1 FROM taskq.fair_queues AS f WHERE f.queue = %(queue)s::text)
+             THEN (SELECT b.x[1] + b.x[2]
+                   FROM taskq.fair_base_v16(%(queue)s::text, coalesce(%(fairness_key)s::text, ''), %(priority)s::int,
+                                            coalesce(%(scheduled_at)s::timestamptz <= now(), true)) AS b(x)) END)
 RETURNING status, scheduled_at, schedule_to_close, created_at,
           (CASE WHEN %(notify)s::bool AND status = 'pending' THEN pg_notify('taskq_jobs', queue) END) IS NULL AS _n;
 
@@ -21,16 +27,29 @@ RETURNING status, scheduled_at, schedule_to_close, created_at,
 -- One statement per batch of one enqueue_many call: only ids and payloads vary, sent as binary arrays
 -- (text-format arrays cost microseconds per element to quote); the options are shared scalars. One
 -- NOTIFY for the whole batch when its jobs are due now.
-WITH ins AS (
+WITH fair AS MATERIALIZED (
+    -- in a fair queue (or with keys): where each key's jobs of this batch start (sql/0016_fair_claims.sql)
+    SELECT k.fkey, b.x[1] AS base, b.x[2] AS step
+    FROM (SELECT DISTINCT coalesce(fkey, '') AS fkey FROM unnest(%(fairness_keys)b::text[]) AS fkey
+          UNION SELECT '' WHERE %(fairness_keys)b::text[] IS NULL) AS k,
+         taskq.fair_base_v16(%(queue)s::text, k.fkey, %(priority)s::int,
+                             coalesce(%(scheduled_at)s::timestamptz <= now(), true)) AS b(x)
+    WHERE %(fairness_keys)b::text[] IS NOT NULL
+       OR EXISTS (SELECT 1 FROM taskq.fair_queues AS f WHERE f.queue = %(queue)s::text)
+), ins AS (
     INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
-                            scheduled_at, schedule_to_close, parent_id, idempotent, trace_context, concurrency_key)
+                            scheduled_at, schedule_to_close, parent_id, idempotent, trace_context, concurrency_key,
+                            fairness_key, fair_tag)
     SELECT u.id, %(actor)s::text, %(queue)s::text, u.payload::jsonb,
            CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
            %(priority)s::int, %(tags)s::text[], %(max_attempts)s::int,
            greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
            now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s::uuid,
-           %(idempotent)s::boolean, %(trace_context)s::jsonb, %(concurrency_key)s::text
-    FROM unnest(%(ids)b::uuid[], %(payloads)b::text[]) AS u(id, payload)
+           %(idempotent)s::boolean, %(trace_context)s::jsonb, %(concurrency_key)s::text,
+           u.fkey, fair.base + coalesce(u.rank, u.ord) * fair.step
+    FROM unnest(%(ids)b::uuid[], %(payloads)b::text[], %(fairness_keys)b::text[], %(fairness_ranks)b::int[])
+             WITH ORDINALITY AS u(id, payload, fkey, rank, ord)
+    LEFT JOIN fair ON fair.fkey = coalesce(u.fkey, '')
     RETURNING status
 )
 SELECT count(*) AS inserted,
@@ -43,13 +62,18 @@ FROM ins;
 -- key in jobs_unique_key_idx. The conflict target names that index by its column and predicate.
 INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
                         scheduled_at, schedule_to_close, parent_id, idempotent, unique_key, unique_scope,
-                        trace_context, concurrency_key)
+                        trace_context, concurrency_key, fairness_key, fair_tag)
 VALUES (%(id)s, %(actor)s, %(queue)s, %(payload)s::jsonb,
         CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
         %(priority)s, %(tags)s::text[], %(max_attempts)s,
         greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
         now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s, %(idempotent)s,
-        %(unique_key)s, %(unique_scope)s, %(trace_context)s::jsonb, %(concurrency_key)s::text)
+        %(unique_key)s, %(unique_scope)s, %(trace_context)s::jsonb, %(concurrency_key)s::text, %(fairness_key)s::text,
+        CASE WHEN %(fairness_key)s::text IS NOT NULL
+                  OR EXISTS (SELECT 1 FROM taskq.fair_queues AS f WHERE f.queue = %(queue)s::text)
+             THEN (SELECT b.x[1] + b.x[2]
+                   FROM taskq.fair_base_v16(%(queue)s::text, coalesce(%(fairness_key)s::text, ''), %(priority)s::int,
+                                            coalesce(%(scheduled_at)s::timestamptz <= now(), true)) AS b(x)) END)
 ON CONFLICT (unique_key)
     WHERE unique_key IS NOT NULL AND (unique_scope = 'retained' OR status IN ('pending', 'scheduled', 'running'))
     DO NOTHING
@@ -65,18 +89,30 @@ WHERE unique_key = %(unique_key)s
 -- name: job_insert_many_unique
 -- job_insert_many with one unique key (or NULL) per job; returns how many rows it wrote, and their ids
 -- only when it skipped some (decoding a hundred ids costs the client more than the insert saved).
-WITH ins AS (
+WITH fair AS MATERIALIZED (
+    -- in a fair queue (or with keys): where each key's jobs of this batch start (sql/0016_fair_claims.sql)
+    SELECT k.fkey, b.x[1] AS base, b.x[2] AS step
+    FROM (SELECT DISTINCT coalesce(fkey, '') AS fkey FROM unnest(%(fairness_keys)b::text[]) AS fkey
+          UNION SELECT '' WHERE %(fairness_keys)b::text[] IS NULL) AS k,
+         taskq.fair_base_v16(%(queue)s::text, k.fkey, %(priority)s::int,
+                             coalesce(%(scheduled_at)s::timestamptz <= now(), true)) AS b(x)
+    WHERE %(fairness_keys)b::text[] IS NOT NULL
+       OR EXISTS (SELECT 1 FROM taskq.fair_queues AS f WHERE f.queue = %(queue)s::text)
+), ins AS (
     INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
                             scheduled_at, schedule_to_close, parent_id, idempotent, unique_key, unique_scope,
-                            trace_context, concurrency_key)
+                            trace_context, concurrency_key, fairness_key, fair_tag)
     SELECT u.id, %(actor)s::text, %(queue)s::text, u.payload::jsonb,
            CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
            %(priority)s::int, %(tags)s::text[], %(max_attempts)s::int,
            greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
            now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s::uuid,
            %(idempotent)s::boolean, u.key, CASE WHEN u.key IS NOT NULL THEN %(unique_scope)s::text END,
-           %(trace_context)s::jsonb, %(concurrency_key)s::text
-    FROM unnest(%(ids)b::uuid[], %(payloads)b::text[], %(unique_keys)b::text[]) AS u(id, payload, key)
+           %(trace_context)s::jsonb, %(concurrency_key)s::text,
+           u.fkey, fair.base + coalesce(u.rank, u.ord) * fair.step
+    FROM unnest(%(ids)b::uuid[], %(payloads)b::text[], %(unique_keys)b::text[], %(fairness_keys)b::text[],
+                %(fairness_ranks)b::int[]) WITH ORDINALITY AS u(id, payload, key, fkey, rank, ord)
+    LEFT JOIN fair ON fair.fkey = coalesce(u.fkey, '')
     ON CONFLICT (unique_key)
         WHERE unique_key IS NOT NULL AND (unique_scope = 'retained' OR status IN ('pending', 'scheduled', 'running'))
         DO NOTHING

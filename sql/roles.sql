@@ -51,13 +51,13 @@ GRANT SELECT ON taskq.jobs TO :"worker_role";
 GRANT INSERT (id, actor, queue, payload, status, priority, tags, max_attempts, scheduled_at,
               schedule_to_close, parent_id, unique_key, unique_scope, idempotent,
               schedule, scheduled_for, trace_context, concurrency_key, parents_remaining, dependency_mode,
-              cancel_requested_at, cancel_reason, error_class, error_message, finished_at)
+              cancel_requested_at, cancel_reason, error_class, error_message, finished_at, fairness_key, fair_tag)
     ON taskq.jobs TO :"worker_role";
 -- max_attempts and snooze_count: a snooze gives its attempt back; idempotent: set before the first run of
 -- a non-idempotent actor enqueued by name; trace_context: a traced retry writes its first attempt's span
 GRANT UPDATE (status, attempt, claim_epoch, worker_id, lock_expires_at, started_at, finished_at,
               scheduled_at, cancel_phase, result, error_class, error_message, interrupt_count, progress,
-              max_attempts, snooze_count, idempotent, revision, has_dependents, trace_context)
+              max_attempts, snooze_count, idempotent, revision, has_dependents, trace_context, fair_tag)
     ON taskq.jobs TO :"worker_role";
 GRANT SELECT, INSERT ON taskq.job_events TO :"worker_role";
 -- child jobs with depends_on (ctx.jobs.enqueue): their edges; the cascade that resolves them runs as the
@@ -87,6 +87,14 @@ GRANT SELECT, INSERT, UPDATE ON taskq.schedules TO :"worker_role";
 GRANT SELECT, INSERT (name) ON taskq.queues TO :"worker_role";
 GRANT SELECT, INSERT, UPDATE, DELETE ON taskq.actor_limits TO :"worker_role";
 GRANT SELECT, INSERT, DELETE ON taskq.rate_starts TO :"worker_role";
+-- fair share (sql/0016_fair_claims.sql): jobs a worker enqueues (ctx.jobs.enqueue) are tagged as any
+-- producer's (fair_base_v16 marks a queue fair at its first keyed job); due jobs written to start later
+-- are tagged by fair_promote_v16; the v16 limited claims
+GRANT SELECT, INSERT ON taskq.fair_queues TO :"worker_role";
+GRANT SELECT ON taskq.fairness_weights TO :"worker_role";
+GRANT EXECUTE ON FUNCTION taskq.fair_base_v16(text, text, integer, boolean), taskq.fair_promote_v16(text[]),
+    taskq.job_claim_limited_v16(text[], integer, integer, text, float8, text[], text[]),
+    taskq.job_claim_queue_limited_v16(text[], integer, text, float8, text[], text[]) TO :"worker_role";
 
 -- CLIENT (JobsClient and the CLI's enqueue, cancel, requeue, jobs, job): enqueue, cancel, requeue, read.
 -- It inserts only the columns of a new job (so only a pending or scheduled row: the CHECK constraints
@@ -100,12 +108,12 @@ GRANT SELECT ON taskq.jobs TO :"client_role";
 GRANT INSERT (id, actor, queue, payload, status, priority, tags, max_attempts, scheduled_at,
               schedule_to_close, parent_id, unique_key, unique_scope, idempotent,
               schedule, scheduled_for, trace_context, concurrency_key, parents_remaining, dependency_mode,
-              cancel_requested_at, cancel_reason, error_class, error_message, finished_at)
+              cancel_requested_at, cancel_reason, error_class, error_message, finished_at, fairness_key, fair_tag)
     ON taskq.jobs TO :"client_role";
 -- has_dependents: set on the parents (under their row lock) by the enqueue of a child
 GRANT UPDATE (status, cancel_phase, cancel_requested_at, cancel_reason, error_class, finished_at,
               scheduled_at, max_attempts, requeue_count, started_at, worker_id, error_message, schedule_to_close,
-              revision, has_dependents)
+              revision, has_dependents, fair_tag)
     ON taskq.jobs TO :"client_role";
 -- No grant on api_tokens, operator_requests, operator_audit or web_sessions: tokens, receipts, the audit and
 -- sessions are the web role's and the admin role's. The CLI's operator writes (cancel, requeue, queue and
@@ -137,6 +145,12 @@ GRANT UPDATE (paused_at, paused_by, pause_reason, concurrency_limit, concurrency
               rate_period, updated_at)
     ON taskq.queues TO :"client_role";
 GRANT INSERT ON taskq.queue_events TO :"client_role";
+-- fair share: enqueue tags jobs (fair_base_v16); `taskq queue weight` writes a weight and re-spaces the
+-- key's ready jobs (fair_retag_v16, which updates only fair_tag)
+GRANT SELECT, INSERT ON taskq.fair_queues TO :"client_role";
+GRANT SELECT, INSERT, UPDATE, DELETE ON taskq.fairness_weights TO :"client_role";
+GRANT EXECUTE ON FUNCTION taskq.fair_base_v16(text, text, integer, boolean), taskq.fair_retag_v16(text, text)
+    TO :"client_role";
 
 COMMIT;
 
@@ -158,11 +172,11 @@ GRANT SELECT ON taskq.jobs, taskq.job_events, taskq.job_dependencies, taskq.job_
 GRANT INSERT (id, actor, queue, payload, status, priority, tags, max_attempts, scheduled_at,
               schedule_to_close, parent_id, unique_key, unique_scope, idempotent,
               schedule, scheduled_for, trace_context, concurrency_key, parents_remaining, dependency_mode,
-              cancel_requested_at, cancel_reason, error_class, error_message, finished_at)
+              cancel_requested_at, cancel_reason, error_class, error_message, finished_at, fairness_key, fair_tag)
     ON taskq.jobs TO :"web_role";
 GRANT UPDATE (status, cancel_phase, cancel_requested_at, cancel_reason, error_class, finished_at,
               scheduled_at, max_attempts, requeue_count, started_at, worker_id, error_message, schedule_to_close,
-              revision, has_dependents)
+              revision, has_dependents, fair_tag)
     ON taskq.jobs TO :"web_role";
 GRANT INSERT ON taskq.job_events, taskq.job_dependencies, taskq.queue_events TO :"web_role";
 GRANT EXECUTE ON FUNCTION taskq.revive_dependents(uuid[], text) TO :"web_role";
@@ -174,6 +188,10 @@ GRANT INSERT (name, paused_at, paused_by, pause_reason, concurrency_limit, concu
 GRANT UPDATE (paused_at, paused_by, pause_reason, concurrency_limit, concurrency_per_key, rate_limit,
               rate_period, updated_at)
     ON taskq.queues TO :"web_role";
+GRANT SELECT, INSERT ON taskq.fair_queues TO :"web_role";
+GRANT SELECT, INSERT, UPDATE, DELETE ON taskq.fairness_weights TO :"web_role";
+GRANT EXECUTE ON FUNCTION taskq.fair_base_v16(text, text, integer, boolean), taskq.fair_retag_v16(text, text)
+    TO :"web_role";
 GRANT SELECT, UPDATE (last_used_at) ON taskq.api_tokens TO :"web_role";
 GRANT SELECT, INSERT, UPDATE (fingerprint, status, body, created_at) ON taskq.operator_requests TO :"web_role";
 GRANT SELECT ON taskq.operator_audit TO :"web_role";

@@ -33,11 +33,15 @@ class JobOptions:
     trace_context: str | None = None
     """JSON text of the W3C trace context of the enqueue (taskq.tracing), or None."""
     concurrency_key: str | None = None
+    fairness_key: str | None = None
+    """The key its queue shares starts by (None: the empty key); one for all the jobs of a batch unless
+    the batch gives one per job (JobBatch.fairness_keys)."""
 
     def params(self) -> dict[str, Any]:
         return {
             "idempotent": self.idempotent,
             "concurrency_key": self.concurrency_key,
+            "fairness_key": self.fairness_key,
             "actor": self.actor,
             "queue": self.queue,
             "priority": self.priority,
@@ -75,9 +79,28 @@ class JobBatch:
     options: JobOptions
     unique_keys: list[str | None] | None = None
     unique_scope: str | None = None
+    fairness_keys: list[str | None] | None = None
+    """One fairness key (or None) per job; None: `options.fairness_key` for every job."""
 
     def params(self) -> dict[str, Any]:
-        return self.options.params() | {"ids": self.ids, "payloads": self.payloads_json, "notify": True}
+        keys = self.fairness_keys
+        if keys is None and self.options.fairness_key is not None:
+            keys = [self.options.fairness_key] * len(self.ids)
+        return self.options.params() | {
+            "ids": self.ids, "payloads": self.payloads_json, "notify": True,
+            "fairness_keys": keys, "fairness_ranks": None if keys is None else fairness_ranks(keys),
+        }
+
+
+def fairness_ranks(keys: list[str | None]) -> list[int]:
+    """Each job's place (from 1) among the jobs of the same key in its batch: the key's jobs are spaced
+    from where that key starts (sql/0016_fair_claims.sql)."""
+    seen: dict[str | None, int] = {}
+    ranks = []
+    for key in keys:
+        seen[key] = rank = seen.get(key, 0) + 1
+        ranks.append(rank)
+    return ranks
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +208,7 @@ class InsertedJob:
                 revision=1,
                 trace_context=from_json(opts.trace_context) if opts.trace_context is not None else None,
                 concurrency_key=opts.concurrency_key,
+                fairness_key=opts.fairness_key,
             )
         )
 

@@ -109,6 +109,9 @@ def unique_params(batch: JobBatch, rows: Sequence[int], notify: bool) -> dict[st
         params["ids"] = [batch.ids[i] for i in rows]
         params["payloads"] = [batch.payloads_json[i] for i in rows]
         params["unique_keys"] = [batch.unique_keys[i] for i in rows]
+        if params["fairness_keys"] is not None:
+            params["fairness_keys"] = [params["fairness_keys"][i] for i in rows]
+            params["fairness_ranks"] = [params["fairness_ranks"][i] for i in rows]
     else:
         params["unique_keys"] = batch.unique_keys
     params["unique_scope"] = batch.unique_scope

@@ -187,18 +187,23 @@ class WorkerStore:
         scopes and then counts and claims with a snapshot taken under the locks; the locks go at its
         commit, with no client turn inside. `queue_limits_only`: no actor limit and no per-key limit on
         our queues, as far as the worker knows: the lighter job_claim_queue_limited (which checks that
-        itself). `only` / `exclude` (a mixed worker's claim of one isolation class): jobs of these actors
-        only / of any actor but these (the _v16 functions)."""
+        itself). `only`: jobs of these actors only; `exclude`: none of these actors (a worker that claims
+        for each isolation class apart)."""
         params = {"queues": list(queues), "limit": limit, "scan": max(limit, LIMITED_SCAN),
-                  "worker_id": self.worker_id, "lock_timeout": lock_timeout}
+                  "worker_id": self.worker_id, "lock_timeout": lock_timeout,
+                  "only": None if only is None else list(only), "except": None if exclude is None else list(exclude)}
         name = "job_claim_queue_limited" if queue_limits_only else "job_claim_limited"
-        if only is not None or exclude is not None:
-            name += "_classes"
-            params |= {"only": None if only is None else list(only), "exclude": list(exclude or ())}
         async with self.pool.connection() as conn:
             cur = await conn.execute(sql.query(name), params)
             rows = await cur.fetchall()
         return [ClaimedJob(*row) for row in rows]
+
+    async def fair_promote(self, queues: Sequence[str]) -> int:
+        """Tag the due jobs of our fair queues that were written to start later (fair_promote)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(sql.query("fair_promote"), {"queues": list(queues)})
+            row = await cur.fetchone()
+        return int(row[0]) if row else 0
 
     async def queue_control(self, queues: Sequence[str]) -> QueueControlRead:
         """Our queues' pause and limits, and how many actor limits exist (queue_control_read)."""

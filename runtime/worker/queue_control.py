@@ -58,6 +58,8 @@ class QueueControl:
         # set before the read: a NOTIFY arriving during it invalidates again
         self._next_refresh = loop.time() + self._refresh_every
         read = await self._store.queue_control(self._queues)
+        # jobs of fair queues written to start later take their place once due (sql/0016_fair_claims.sql)
+        await self._store.fair_promote(self._queues)
         if read.paused != self.read.paused:
             log.info("paused queues of this worker: %s", sorted(read.paused) or "none")
         self.read = read

@@ -19,7 +19,7 @@ from taskq.exceptions import MigrationError, SchemaNotReady, SchemaTooNew
 EXPECTED_TABLES = {
     "jobs", "job_events", "job_attempts", "workers", "lease_losses", "schema_migrations", "schedules",
     "api_tokens", "operator_requests", "operator_audit", "job_dependencies", "dependency_backlog",
-    "queues", "actor_limits", "queue_events", "rate_starts", "web_sessions",
+    "queues", "actor_limits", "queue_events", "rate_starts", "web_sessions", "fair_queues", "fairness_weights",
 }
 
 
@@ -80,7 +80,7 @@ async def test_migrated_schema_has_the_indexes_the_queries_rely_on(conn: AsyncCo
         assert name in indexes, f"missing index {name}"
     assert "USING gin (tags)" in indexes["jobs_tags_idx"]
     claim = indexes["jobs_claim_idx"]
-    assert "(queue, priority, scheduled_at, id)" in claim
+    assert "(queue, priority, fair_tag NULLS FIRST, scheduled_at, id)" in claim
     assert "WHERE" in claim and "'pending'" in claim and "'scheduled'" in claim
     # the heartbeat finds a worker's rows through a partial index on running rows (its name is free)
     assert any(

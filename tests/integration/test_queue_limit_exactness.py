@@ -78,7 +78,8 @@ async def workers(dsn: str) -> AsyncIterator[list[str]]:
 
 
 def params(worker: str) -> dict[str, Any]:
-    return {"queues": [QUEUE], "limit": 5, "scan": SCAN, "worker_id": worker, "lock_timeout": 600.0}
+    return {"queues": [QUEUE], "limit": 5, "scan": SCAN, "worker_id": worker, "lock_timeout": 600.0,
+            "only": None, "except": None}
 
 
 async def waiting_on_lock_or_done(conn: psycopg.AsyncConnection[Any], pid: int, task: asyncio.Task[Any]) -> bool:

@@ -234,7 +234,7 @@ def test_the_description_covers_every_kind_of_object_the_schema_has(migrated: li
         "column job_events.id: bigint NOT NULL GENERATED ALWAYS AS IDENTITY",
         "constraint jobs.jobs_status_check: CHECK ((status = ANY (ARRAY['pending'::text,",
         "index jobs_claim_idx: CREATE INDEX jobs_claim_idx ON taskq.jobs USING btree (queue, priority, "
-        "scheduled_at, id) WHERE (status = ANY (ARRAY['pending'::text, 'scheduled'::text]))",
+        "fair_tag NULLS FIRST, scheduled_at, id) WHERE (status = ANY (ARRAY['pending'::text, 'scheduled'::text]))",
         "sequence job_events_id_seq: bigint start 1 increment 1",
         "function taskq.settle_frontier(uuid[],text[],integer,uuid,uuid) (kind f):",
         "trigger jobs.jobs_lease_taken (enabled O): CREATE TRIGGER jobs_lease_taken AFTER UPDATE ON taskq.jobs",
@@ -247,14 +247,14 @@ def test_the_description_covers_every_kind_of_object_the_schema_has(migrated: li
 
 def test_the_comparison_fails_on_a_column_the_migrations_do_not_add(empty_dsn: str, migrated: list[str]) -> None:
     text = SCHEMA_FILE.read_text(encoding="utf-8")
-    last = "    lease_expires_at timestamp with time zone DEFAULT now() NOT NULL\n"  # of taskq.workers
-    changed = text.replace(last, last.replace("\n", ",\n") + "    extra integer\n", 1)
+    last = "    actor_isolation jsonb,\n"  # the last column of taskq.workers (its CHECKs follow)
+    changed = text.replace(last, last + "    extra integer,\n", 1)
     assert changed != text
     load_schema_file(empty_dsn, changed)
     diff = difference(describe(empty_dsn), migrated)
     assert "-column workers.extra: integer, storage p" in diff
     assert "-columns of workers, in order: id, host, pid, queues, concurrency, started_at, last_heartbeat_at, " \
-           "stopping, lease_expires_at, extra" in diff
+           "stopping, lease_expires_at, capacity_async, capacity_thread, capacity_process, actor_isolation, extra" in diff
 
 
 def test_the_comparison_fails_on_a_changed_check_list_or_function_body(empty_dsn: str, migrated: list[str]) -> None:
