@@ -3,6 +3,7 @@ a queue limit is shared among the classes without a class passing its own capaci
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import psycopg
@@ -34,6 +35,6 @@ async def test_a_limited_queue_on_a_mixed_worker_never_gets_two_process_jobs_hel
         attempts = query(dsn, "SELECT started_at, finished_at FROM taskq.job_attempts WHERE job_id = ANY(%s) "
                               "ORDER BY started_at", [h.job_id for h in crunches])
         assert len(attempts) == 4
-        for (_, finished), (claimed, _) in zip(attempts, attempts[1:], strict=False):
+        for (_, finished), (claimed, _) in itertools.pairwise(attempts):
             assert claimed >= finished, "a second process job was claimed while the only child was busy"
         assert await violations(dsn) == []

@@ -6,9 +6,9 @@ invariant holds on these runs."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -93,7 +93,7 @@ def test_one_child_never_holds_two_process_jobs_and_none_waits_while_fifty_async
                           "extract(epoch FROM a.finished_at)::float8 FROM taskq.job_attempts AS a "
                           "WHERE a.job_id = ANY(%s) ORDER BY a.started_at", crunches)
     assert len(attempts) == 10
-    for (_, _, finished), (job_id, claimed, _) in zip(attempts, attempts[1:], strict=False):
+    for (_, _, finished), (job_id, claimed, _) in itertools.pairwise(attempts):
         assert claimed >= finished, f"process job {job_id} was claimed while another one was held"
     for i, (job_id, claimed, _) in enumerate(attempts):
         gap = float((started / str(job_id)).read_text()) - claimed

@@ -124,15 +124,20 @@ async def test_the_completer_counts_outstanding_outcomes_per_class_until_they_ar
     crunch = ActiveJob(claimed("examples.sum_primes"))
     registry.add(crunch)
     queued: list[str] = []
+    handed_over = asyncio.Event()
+
+    def on_queued(isolation: str) -> None:
+        queued.append(isolation)
+        handed_over.set()
+
     store = _Store()
-    completer = Completer(store, give_up_after=5.0, on_queued=queued.append,  # type: ignore[arg-type]
+    completer = Completer(store, give_up_after=5.0, on_queued=on_queued,  # type: ignore[arg-type]
                           class_of=registry.class_of_job)
     runner = asyncio.get_running_loop().create_task(completer.run())
     job = crunch.job
     finish = Finish(job_id=job.id, attempt=1, claim_epoch=1, status="succeeded", outcome="succeeded")
     written = asyncio.get_running_loop().create_task(completer.finish(finish))
-    while not queued:
-        await asyncio.sleep(0)
+    await asyncio.wait_for(handed_over.wait(), 5)
     assert queued == ["process"] and completer.outstanding_by_class == {"process": 1}
     store.gate.set()
     assert await written == "succeeded"
