@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from apps import taskq_capacity_app as app
+from prometheus_client import REGISTRY
 from testkit import running_worker, wait_for
 
 from taskq.backend import Backend
@@ -20,6 +21,9 @@ async def test_a_process_job_behind_a_busy_child_is_said_to_wait_for_a_process_s
     async with running_worker(dsn, app.actors, max_children=1) as worker:
         busy = await client.enqueue(app.crunch, app.Crunch(seconds=30, started=str(tmp_path)))
         await wait_for(lambda: (tmp_path / str(busy.job_id)).exists())
+        # the metrics: each class's capacity, and its busy slots as of the last claim
+        assert sample("taskq_worker_capacity", "process") == 1 and sample("taskq_worker_capacity", "async") == 200
+        await wait_for(lambda: sample("taskq_jobs_busy", "process") == 1)
         waiting = await client.enqueue(app.crunch, app.Crunch(seconds=1, started=str(tmp_path)))
         backend = await Backend.open(dsn)
         try:
@@ -36,6 +40,10 @@ async def test_a_process_job_behind_a_busy_child_is_said_to_wait_for_a_process_s
         finally:
             await backend.close()
         await client.cancel(busy.job_id, reason="the test is done")
+
+
+def sample(name: str, isolation: str) -> float | None:
+    return REGISTRY.get_sample_value(name, {"isolation": isolation})
 
 
 def test_no_registered_worker_or_one_free_slot_is_no_class_wait() -> None:
