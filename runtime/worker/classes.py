@@ -5,7 +5,6 @@ registration read it."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
 from taskq.settings import ISOLATION_CLASSES
 
@@ -13,43 +12,31 @@ CLASS_INDEX = {name: i + 1 for i, name in enumerate(ISOLATION_CLASSES)}
 """Each class's index in the claim statements' slot arrays (1-based, as SQL arrays are)."""
 
 
-@dataclass(frozen=True)
 class WorkerClasses:
     """`capacities`: jobs of each class the worker runs at once; `actors`: the class of each actor it knows.
 
     A worker whose actors are all of one class ("single") claims with job_claim, every job counting on that
     class, a job of an actor it does not know too (it fails at once as UnknownActor). A worker with actors
     of several classes ("mixed") claims each class within its free slots, and counts the jobs of actors it
-    does not know on the async class."""
+    does not know on the async class. Everything is worked out once: `class_of` runs for every job."""
 
-    capacities: Mapping[str, int]
-    actors: Mapping[str, str]
+    def __init__(self, capacities: Mapping[str, int], actors: Mapping[str, str]) -> None:
+        self.capacities = dict(capacities)
+        self.actors = dict(actors)
+        found = set(self.actors.values())
+        self.present: tuple[str, ...] = tuple(c for c in ISOLATION_CLASSES if c in found) or ("async",)
+        """The classes of the worker's actors, in ISOLATION_CLASSES order (async alone for no actor)."""
+        self.mixed = len(self.present) > 1
+        self.stray = "async" if self.mixed else self.present[0]
+        """The class a job of an unknown actor counts on: async in a mixed worker, else the only class."""
+        claimed = {*self.present, self.stray}
+        self.claimed: tuple[str, ...] = tuple(c for c in ISOLATION_CLASSES if c in claimed)
+        """The classes the worker's claims take jobs for: its actors' classes, and the stray class."""
 
     @classmethod
     def of(cls, capacities: Mapping[str, int], actors: Iterable[tuple[str, str]]) -> WorkerClasses:
         """From the capacities and (actor name, isolation) pairs."""
-        return cls(capacities=dict(capacities), actors=dict(actors))
-
-    @property
-    def present(self) -> tuple[str, ...]:
-        """The classes of the worker's actors, in ISOLATION_CLASSES order (async alone for no actor)."""
-        found = set(self.actors.values())
-        return tuple(c for c in ISOLATION_CLASSES if c in found) or ("async",)
-
-    @property
-    def mixed(self) -> bool:
-        return len(self.present) > 1
-
-    @property
-    def stray(self) -> str:
-        """The class a job of an unknown actor counts on: async in a mixed worker, else the only class."""
-        return "async" if self.mixed else self.present[0]
-
-    @property
-    def claimed(self) -> tuple[str, ...]:
-        """The classes the worker's claims take jobs for: its actors' classes, and the stray class."""
-        found = {*self.present, self.stray}
-        return tuple(c for c in ISOLATION_CLASSES if c in found)
+        return cls(capacities, dict(actors))
 
     def class_of(self, actor: str) -> str:
         return self.actors.get(actor, self.stray)
