@@ -72,8 +72,9 @@ class ClaimWake:
 
 
 class Dispatcher:
-    """Claims for `spawn(job)` (the consumers); a claim that lands after the stop began hands its rows to
-    `release_unstarted(jobs)`."""
+    """Claims for `spawn(job)` (the consumers), each isolation class of `classes` within its capacity; a
+    claim that lands after the stop began hands its rows to `release_unstarted(jobs)`. `unavailable(class)`:
+    slots of a class that no held job takes but that are not free either (leaked threads)."""
 
     def __init__(
         self,
@@ -91,6 +92,7 @@ class Dispatcher:
         claim_batch_size: int,
         lock_timeout: float,
         poll_interval: float,
+        unavailable: Callable[[str], int] | None = None,
     ) -> None:
         self._store = store
         self._registry = registry
@@ -107,7 +109,7 @@ class Dispatcher:
         self._lock_timeout = lock_timeout
         self._poll_interval = poll_interval
         self.busy_poll = BUSY_POLL
-        self.unavailable: Callable[[str], int] = lambda isolation: 0
+        self.unavailable: Callable[[str], int] = unavailable or (lambda isolation: 0)
         """Slots of a class taken by no held job (threads leaked after a forced cancel keep theirs)."""
         self._strays_at: float | None = None
         # the mixed claim's actors, in the order of their class indexes

@@ -172,8 +172,8 @@ class Worker:
         dispatcher = Dispatcher(store, registry, state, control, completer, wake, spawn=consumers.spawn,
                                 release_unstarted=releaser.release_unstarted, queues=s.queues,
                                 classes=self.classes, claim_batch_size=s.claim_batch_size,
-                                lock_timeout=s.lock_timeout, poll_interval=s.poll_interval)
-        dispatcher.unavailable = self._unavailable_slots
+                                lock_timeout=s.lock_timeout, poll_interval=s.poll_interval,
+                                unavailable=self._unavailable_slots)
         # the NOTIFY wakes the resolver at once; its poll only catches a backlog left by a crash, so it is
         # as slow as the sweeper's unless no LISTEN connection is there to wake it
         resolver = Resolver(store, interval=s.sweep_interval if s.listens() else s.poll_interval)
