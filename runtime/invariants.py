@@ -33,6 +33,7 @@ INVARIANTS: dict[str, str] = {
     "inv_parent_failed_has_failed_parent": "a ParentFailed job has a parent that ended other than succeeded",
     "inv_parents_remaining_matches_edges": "a waiting job's remaining-parents count agrees with its edges",
     "inv_global_limit": "no global concurrency limit (queue, actor, per key) is exceeded now",
+    "inv_class_capacity": "no worker held more jobs of an isolation class than its capacity",
 }
 
 

@@ -119,6 +119,14 @@ JOB_DURATION = LazyHistogram(
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60, 300, 1800),
 )
 JOBS_IN_FLIGHT = LazyGauge("taskq_jobs_in_flight", "Jobs held by this worker", multiprocess_mode="livesum")
+JOBS_BUSY = LazyGauge(
+    "taskq_jobs_busy", "Slots of each isolation class taken by held jobs (as the worker last claimed)", ["isolation"],
+    multiprocess_mode="livesum",
+)
+WORKER_CAPACITY = LazyGauge(
+    "taskq_worker_capacity", "Jobs of each isolation class the workers run at once (async, thread, process)",
+    ["isolation"], multiprocess_mode="livesum",
+)
 STALE_WRITES = LazyCounter("taskq_stale_writes", "Fenced writes that changed nothing (a newer attempt owns the row)")
 HEARTBEAT_TICK = LazyHistogram(
     "taskq_heartbeat_tick_duration_seconds",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import os
 import socket
-from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -14,6 +13,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 RetentionSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 """A keep window: seconds after a row finished before it is pruned; 0 keeps the class forever."""
+
+ISOLATION_CLASSES = ("async", "thread", "process")
+"""The isolation classes of actors, each with its own capacity in a worker (`WorkerSettings.capacities`)."""
 
 DEFAULT_CONCURRENCY = 200
 """Async actors one worker runs at once when `concurrency` is not set: twice the default claim batch, so
@@ -43,10 +45,10 @@ class WorkerSettings(BaseSettings):
     `poll_interval` and cancel requests arrive with the heartbeat."""
     queues: Annotated[list[str], NoDecode] = ["default"]
     concurrency: Annotated[int, Field(ge=1, le=100_000)] | None = None
-    """Jobs one worker runs at once. Unset (None): DEFAULT_CONCURRENCY (200) when every actor of the APP is
-    async; with thread or process actors, no more than `max_threads` (thread actors) or `max_children`
-    (process actors) either, so that a worker never claims jobs that would wait for a thread or a child
-    while other workers sit idle. See `resolved_concurrency`."""
+    """Async jobs one worker runs at once (the capacity of its async class; jobs of an actor the worker does
+    not know count there too). Unset (None): DEFAULT_CONCURRENCY (200), whatever other actors the APP has:
+    thread jobs have their own capacity (`max_threads`) and process jobs theirs (`max_children`), so a full
+    process pool never holds back async jobs (docs/isolation.md). See `capacities`."""
     heartbeat_interval: Seconds = 10.0
     lock_timeout: Seconds = 60.0
     cancellation_grace_period: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 30.0
@@ -61,7 +63,10 @@ class WorkerSettings(BaseSettings):
     """Longest wait of the scheduler between two looks at the schedules table (it wakes at the next slot
     it knows of sooner): how soon a resume, or a schedule declared by another worker, is seen."""
     max_threads: Annotated[int, Field(ge=1, le=10_000)] = 16
+    """Thread jobs one worker runs at once (the capacity of its thread class): one thread each."""
     max_children: Annotated[int, Field(ge=1, le=1_000)] = Field(default_factory=_default_max_children)
+    """Process jobs one worker runs at once (the capacity of its process class): one child process each;
+    default: the number of CPUs."""
     max_leaked_threads: Annotated[int, Field(ge=0)] = 0
     max_tasks_per_child: Annotated[int, Field(ge=0)] = 0
     """Recycle a child process after this many jobs; 0 = never."""
@@ -118,18 +123,14 @@ class WorkerSettings(BaseSettings):
         assert math.isfinite(self.shutdown_timeout)
         return self
 
-    def resolved_concurrency(self, isolations: Iterable[str]) -> int:
-        """`concurrency`, or when unset the default for a worker running actors of these isolations
-        ("async", "thread", "process")."""
-        if self.concurrency is not None:
-            return self.concurrency
-        kinds = set(isolations)
-        limit = DEFAULT_CONCURRENCY
-        if "thread" in kinds:
-            limit = min(limit, self.max_threads)
-        if "process" in kinds:
-            limit = min(limit, self.max_children)
-        return limit
+    def resolved_concurrency(self) -> int:
+        """The async capacity: `concurrency`, or DEFAULT_CONCURRENCY when unset."""
+        return self.concurrency if self.concurrency is not None else DEFAULT_CONCURRENCY
+
+    def capacities(self) -> dict[str, int]:
+        """Jobs of each isolation class one worker runs at once: async up to `concurrency` (default
+        DEFAULT_CONCURRENCY), thread up to `max_threads`, process up to `max_children`."""
+        return {"async": self.resolved_concurrency(), "thread": self.max_threads, "process": self.max_children}
 
     @property
     def effective_shutdown_timeout(self) -> float:

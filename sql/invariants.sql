@@ -242,6 +242,47 @@ WITH over AS (
 )
 SELECT job_id, format('%%s: %%s running, limit %%s', scope, n, lim) AS detail FROM over WHERE n > lim;
 
+-- name: inv_class_capacity
+-- No worker ever held more jobs of an isolation class than its capacity: from the attempts rows (each job
+-- held from its claim, started_at, to its outcome's write, finished_at) of every registered worker, and the
+-- capacities and actor classes it registered (taskq.workers). A job of an actor the worker did not know
+-- counts on the async class of a worker with actors of several classes, else on its only class (its
+-- claims). Thread and process jobs: at most the capacity. Async jobs: at most twice the capacity, because an
+-- async slot is lent to the next claim while the outcome of the job that had it is being written (the
+-- worker's completer; decisions.free_slots), so the rows held, not the actors running, reach that bound.
+-- Only what can be known is checked: the workers still registered (a worker's row goes when it stops) and
+-- the attempts whose job is still there (its actor names its class). One row per worker and class over its
+-- capacity, at the peak, naming the job whose claim reached it.
+WITH w AS (
+    SELECT id, actor_isolation,
+           jsonb_build_object('async', 2 * capacity_async, 'thread', capacity_thread,
+                              'process', capacity_process) AS bound,
+           (SELECT CASE WHEN count(DISTINCT v) = 1 THEN min(v) ELSE 'async' END
+            FROM jsonb_each_text(actor_isolation) AS e(k, v)) AS stray
+    FROM taskq.workers
+    WHERE actor_isolation IS NOT NULL
+), held AS (
+    SELECT a.job_id, a.worker_id, a.started_at, coalesce(a.finished_at, 'infinity') AS finished_at,
+           coalesce(w.actor_isolation ->> j.actor, w.stray) AS cls
+    FROM taskq.job_attempts AS a JOIN w ON w.id = a.worker_id JOIN taskq.jobs AS j ON j.id = a.job_id
+), edges AS (
+    SELECT worker_id, cls, started_at AS at, 1 AS delta, job_id FROM held
+    UNION ALL
+    SELECT worker_id, cls, finished_at, -1, job_id FROM held
+), counted AS (
+    -- at the same instant an end counts before a start
+    SELECT worker_id, cls, at, delta, job_id,
+           sum(delta) OVER (PARTITION BY worker_id, cls ORDER BY at, delta ROWS UNBOUNDED PRECEDING) AS n
+    FROM edges
+)
+SELECT DISTINCT ON (c.worker_id, c.cls) c.job_id,
+       format('worker %%s held %%s %%s jobs at once at %%s, over its %%s capacity (%%s%%s)', c.worker_id, c.n, c.cls,
+              c.at, c.cls, (w.bound ->> c.cls)::int / CASE WHEN c.cls = 'async' THEN 2 ELSE 1 END,
+              CASE WHEN c.cls = 'async' THEN ', twice that allowed while outcomes are written' ELSE '' END) AS detail
+FROM counted AS c JOIN w ON w.id = c.worker_id
+WHERE c.delta = 1 AND c.n > (w.bound ->> c.cls)::int
+ORDER BY c.worker_id, c.cls, c.n DESC, c.at;
+
 -- name: inv_summary_status
 SELECT status, count(*) AS n FROM taskq.jobs GROUP BY status ORDER BY status;
 

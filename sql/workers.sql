@@ -9,11 +9,17 @@ WITH q AS (
     INSERT INTO taskq.queues (name) SELECT DISTINCT unnest(%(queues)s::text[]) ORDER BY 1
     ON CONFLICT (name) DO NOTHING
 )
-INSERT INTO taskq.workers (id, host, pid, queues, concurrency, lease_expires_at)
+-- The capacities (jobs of each isolation class the worker runs at once; `concurrency` is the async one) and
+-- the class of each of its actors are what inv_class_capacity checks its attempts against.
+INSERT INTO taskq.workers (id, host, pid, queues, concurrency, lease_expires_at, capacity_async, capacity_thread,
+                           capacity_process, actor_isolation)
 VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s,
-        now() + %(lock_timeout)s::float8 * interval '1 second')
+        now() + %(lock_timeout)s::float8 * interval '1 second', %(capacity_async)s, %(capacity_thread)s,
+        %(capacity_process)s, %(actor_isolation)s)
 ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = now(), stopping = false,
-    lease_expires_at = excluded.lease_expires_at;
+    lease_expires_at = excluded.lease_expires_at, capacity_async = excluded.capacity_async,
+    capacity_thread = excluded.capacity_thread, capacity_process = excluded.capacity_process,
+    actor_isolation = excluded.actor_isolation;
 
 -- name: worker_stopping
 UPDATE taskq.workers SET stopping = true WHERE id = %(id)s;
@@ -167,3 +173,29 @@ SELECT id FROM upd;
 
 -- name: listen
 LISTEN taskq_jobs; LISTEN taskq_cancel; LISTEN taskq_queues; LISTEN taskq_settle;
+
+-- name: job_class_slots
+-- Why a ready job may wait (`taskq job`): on each live worker of its queue that registered its classes,
+-- the isolation class the job's actor takes a slot of there (a job of an actor the worker does not know:
+-- async on a worker of several classes, else its only class), that class's capacity, and the running jobs
+-- of that class the worker holds (from jobs_running_lease_idx).
+WITH j AS (
+    SELECT actor, queue FROM taskq.jobs WHERE id = %(id)s
+), w AS (
+    SELECT w.id, w.actor_isolation, w.capacity_async, w.capacity_thread, w.capacity_process,
+           (SELECT CASE WHEN count(DISTINCT v) = 1 THEN min(v) ELSE 'async' END
+            FROM jsonb_each_text(w.actor_isolation) AS e(k, v)) AS stray, j.actor
+    FROM taskq.workers AS w CROSS JOIN j
+    WHERE j.queue = ANY(w.queues) AND NOT w.stopping AND w.lease_expires_at >= now()
+      AND w.actor_isolation IS NOT NULL
+), c AS (
+    SELECT w.*, coalesce(w.actor_isolation ->> w.actor, w.stray) AS cls FROM w
+)
+SELECT c.id, c.cls,
+       CASE c.cls WHEN 'async' THEN c.capacity_async WHEN 'thread' THEN c.capacity_thread
+                  ELSE c.capacity_process END AS capacity,
+       (SELECT count(*) FROM taskq.jobs AS r
+        WHERE r.worker_id = c.id AND r.status = 'running'
+          AND coalesce(c.actor_isolation ->> r.actor, c.stray) = c.cls) AS busy
+FROM c
+ORDER BY c.id;

@@ -222,9 +222,9 @@ class Supervisor:
 
     def run(self) -> int:
         self._install_signals()
-        log.info("supervisor %d starting %d workers for %s (queues=%s, concurrency=%s each)", self.pid,
-                 self.desired, self.options.app, ",".join(self.settings.queues),
-                 self.settings.concurrency or "default")
+        capacity = " ".join(f"{c}={n}" for c, n in self.settings.capacities().items())
+        log.info("supervisor %d starting %d workers for %s (queues=%s, capacity: %s each)", self.pid,
+                 self.desired, self.options.app, ",".join(self.settings.queues), capacity)
         if self.helper is not None:
             self._fork_helper()
             log.info("metrics endpoint on http://%s/metrics (also /healthz, /readyz)", self.helper.address)

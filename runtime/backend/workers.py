@@ -9,17 +9,18 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from psycopg import AsyncConnection
+from psycopg.types.json import Jsonb
 
 from taskq import sql
 from taskq.backend.core import Backend
-from taskq.models import QueueLimits
+from taskq.models import ClassSlots, QueueLimits
 
 RETRY = "scheduled"
 
@@ -114,6 +115,15 @@ def reclaim_params(*, worker_id: str | None, cause: str, detail: str | None, rec
             "tracked": tracked, "limit": limit, "base_delay": RECLAIM_BASE_DELAY, "max_delay": RECLAIM_MAX_DELAY}
 
 
+async def job_class_slots(backend: Backend, job_id: UUID) -> list[ClassSlots]:
+    """The job's isolation class on each live worker of its queue, with its capacity and the slots taken
+    there (job_class_slots); `taskq.models.describe_class_wait` says in words whether that holds it up."""
+    async with backend.pool.connection() as conn:
+        cur = await conn.execute(sql.query("job_class_slots"), {"id": job_id})
+        rows = await cur.fetchall()
+    return [ClassSlots(worker_id=w, isolation=c, capacity=int(n), busy=int(b)) for w, c, n, b in rows if n is not None]
+
+
 class WorkerStore:
     def __init__(self, backend: Backend, worker_id: str) -> None:
         self.backend = backend
@@ -121,10 +131,17 @@ class WorkerStore:
         self.worker_id = worker_id
 
     async def register(self, queues: Sequence[str], concurrency: int, lock_timeout: float,
-                       conn: AsyncConnection[Any] | None = None) -> None:
-        """Insert or refresh our workers row with a new lease (in `conn`'s transaction when given)."""
+                       conn: AsyncConnection[Any] | None = None, *, capacities: Mapping[str, int] | None = None,
+                       actor_isolation: Mapping[str, str] | None = None) -> None:
+        """Insert or refresh our workers row with a new lease (in `conn`'s transaction when given).
+        `concurrency` is the async capacity; `capacities` each class's ({"async": .., "thread": ..,
+        "process": ..}), `actor_isolation` the class of each actor the worker knows."""
+        caps = capacities or {}
         params = {"id": self.worker_id, "host": socket.gethostname(), "pid": os.getpid(),
-                  "queues": list(queues), "concurrency": concurrency, "lock_timeout": lock_timeout}
+                  "queues": list(queues), "concurrency": concurrency, "lock_timeout": lock_timeout,
+                  "capacity_async": caps.get("async", concurrency), "capacity_thread": caps.get("thread"),
+                  "capacity_process": caps.get("process"),
+                  "actor_isolation": None if actor_isolation is None else Jsonb(dict(actor_isolation))}
         if conn is not None:
             await conn.execute(sql.query("worker_register"), params)
             return
@@ -145,6 +162,30 @@ class WorkerStore:
                 sql.query("job_claim"),
                 {"queues": list(queues), "limit": limit, "worker_id": self.worker_id, "lock_timeout": lock_timeout},
             )
+            rows = await cur.fetchall()
+        return [ClaimedJob(*row) for row in rows]
+
+    async def claim_classes(self, queues: Sequence[str], actors: Sequence[str], classes: Sequence[int],
+                            slots: Sequence[int], lock_timeout: float) -> list[ClaimedJob]:
+        """A mixed worker's plain claim (job_claim_classes): jobs of `actors` only, each actor in the class
+        of the same index in `classes` (1-based into `slots`), at most `slots[class]` jobs of each class."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(sql.query("job_claim_classes"), {
+                "queues": list(queues), "actors": list(actors), "classes": list(classes), "slots": list(slots),
+                "worker_id": self.worker_id, "lock_timeout": lock_timeout,
+            })
+            rows = await cur.fetchall()
+        return [ClaimedJob(*row) for row in rows]
+
+    async def claim_strays(self, queues: Sequence[str], known: Sequence[str], limit: int,
+                           lock_timeout: float) -> list[ClaimedJob]:
+        """Up to `limit` jobs of actors not in `known` (job_claim_strays): a mixed worker fails them at once
+        (UnknownActor), as a worker of one class does the ones its job_claim takes."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(sql.query("job_claim_strays"), {
+                "queues": list(queues), "known": list(known), "limit": limit, "worker_id": self.worker_id,
+                "lock_timeout": lock_timeout,
+            })
             rows = await cur.fetchall()
         return [ClaimedJob(*row) for row in rows]
 

@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
+from uuid import UUID
 
 from taskq.backend.workers import ClaimedJob, Finish, WorkerStore
 from taskq.metrics import STALE_WRITES
@@ -25,15 +26,22 @@ class Completer:
     flight). An actor that has returned no longer needs its slot while its outcome waits here, so the
     dispatcher may claim for it meanwhile (at most `concurrency` such outcomes): the next claim then
     overlaps this write instead of waiting for it. `on_queued` is called after each hand-over, `on_written`
-    after each batch written (its slots are free in the database then)."""
+    after each batch written (its slots are free in the database then).
+
+    `outstanding_by_class` splits `outstanding` by isolation class, `class_of(job id)` telling the class of
+    each outcome handed over (its job is still held then); `on_queued(class)` is told it."""
 
     def __init__(self, store: WorkerStore, *, give_up_after: float,
-                 on_queued: Callable[[], None] | None = None, on_written: Callable[[], None] | None = None) -> None:
+                 on_queued: Callable[[str], None] | None = None, on_written: Callable[[], None] | None = None,
+                 class_of: Callable[[UUID], str] | None = None) -> None:
         self._store = store
         self._give_up_after = give_up_after
         self._on_queued = on_queued
         self._on_written = on_written
+        self._class_of = class_of
         self.outstanding = 0
+        self.outstanding_by_class: dict[str, int] = {}
+        self._classes: dict[int, str] = {}
         self._queue: list[tuple[Finish, asyncio.Future[str | None]]] = []
         self._wake = asyncio.Event()
         self._closed = False
@@ -50,9 +58,12 @@ class Completer:
         future: asyncio.Future[str | None] = loop.create_future()
         self._queue.append((item, future))
         self.outstanding += 1
+        isolation = self._class_of(item.job_id) if self._class_of is not None else "async"
+        self._classes[id(item)] = isolation  # the item, not its job: one job may get two outcomes
+        self.outstanding_by_class[isolation] = self.outstanding_by_class.get(isolation, 0) + 1
         self._wake.set()
         if self._on_queued is not None:
-            self._on_queued()
+            self._on_queued(isolation)
         return await future
 
     def _bind_loop(self) -> asyncio.AbstractEventLoop:
@@ -101,6 +112,9 @@ class Completer:
             await self._write_once(batch)
         finally:
             self.outstanding -= len(batch)
+            for item, _ in batch:
+                isolation = self._classes.pop(id(item), "async")
+                self.outstanding_by_class[isolation] -= 1
 
     async def _write_once(self, batch: list[tuple[Finish, asyncio.Future[str | None]]]) -> None:
         loop = asyncio.get_running_loop()

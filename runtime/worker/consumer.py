@@ -4,6 +4,7 @@ outcome, write it (fenced, batched), then run the hooks."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -85,8 +86,9 @@ class Consumers:
     """The consumer side of one worker: spawns a task per claimed job and owns its terminal write.
 
     `executor_for(actor)` picks the executor of the actor's isolation; `release(entries)` gives an
-    attempt a shutdown interrupted back to the fleet; `on_done()` follows the end of each consumer task
-    (its slot is free); `job_log`, when set, writes the INFO line at each attempt's start and finish."""
+    attempt a shutdown interrupted back to the fleet; `on_done(isolation)` follows the end of each consumer
+    task (a slot of that isolation class is free); `job_log`, when set, writes the INFO line at each
+    attempt's start and finish."""
 
     def __init__(
         self,
@@ -99,7 +101,7 @@ class Consumers:
         *,
         executor_for: Callable[[Actor[Any, Any]], Executor],
         release: Callable[[Sequence[ActiveJob]], Awaitable[None]],
-        on_done: Callable[[], None],
+        on_done: Callable[[str], None],
         job_log: JobLines | None,
     ) -> None:
         self._registry = registry
@@ -128,11 +130,11 @@ class Consumers:
         task = self.loop.create_task(self._consume(entry))
         entry.task = task
         self.tasks.add(task)
-        task.add_done_callback(self._done)
+        task.add_done_callback(functools.partial(self._done, entry.isolation))
 
-    def _done(self, task: asyncio.Task[None]) -> None:
+    def _done(self, isolation: str, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
-        self._on_done()
+        self._on_done(isolation)
         if not task.cancelled() and task.exception() is not None:
             log.error("consumer task crashed", exc_info=task.exception())
 

@@ -4,12 +4,15 @@ each one in microseconds.
 
 - the cancellation ladder (spec §3): which phase a read of the database or the passing of time moves a
   held job to;
-- slot arithmetic: how many jobs the dispatcher may claim, and how soon it claims again;
+- slot arithmetic: how many jobs of each isolation class the dispatcher may claim, and how soon it claims
+  again;
 - lease deadlines: until when the worker may trust its leases, and when it must fence itself off;
 - shutdown budgets: how long each last step of a stop may take before the watchdog fires.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
 
 from taskq.models import CancelOrigin, CancelPhase
 
@@ -64,6 +67,43 @@ def free_slots(concurrency: int, held: int, outstanding: int) -> int:
 def claim_size(free: int, claim_batch_size: int) -> int:
     """Jobs one claim asks for."""
     return min(free, claim_batch_size)
+
+
+def class_free_slots(isolation: str, capacity: int, held: int, outstanding: int) -> int:
+    """Slots of one isolation class for new claims. Async: `free_slots` (a job whose outcome waits in the
+    completer lends its slot to the next claim, which then overlaps that write). Thread and process:
+    `capacity` minus every held job of the class, outcome written or not (`outstanding` is not counted):
+    a thread or a child is a real resource, the job costs far more than one round trip, and so the rows
+    of these classes a worker holds never exceed its capacity (what inv_class_capacity checks)."""
+    if isolation == "async":
+        return free_slots(capacity, held, outstanding)
+    return capacity - held
+
+
+def classes_free(capacities: Mapping[str, int], held: Mapping[str, int], outstanding: Mapping[str, int],
+                 classes: Iterable[str]) -> dict[str, int]:
+    """`class_free_slots` of each of `classes` (the classes a worker claims for), never below 0."""
+    return {c: max(0, class_free_slots(c, capacities[c], held.get(c, 0), outstanding.get(c, 0)))
+            for c in classes}
+
+
+def class_claim_sizes(free: Mapping[str, int], claim_batch_size: int) -> dict[str, int]:
+    """Jobs one claim asks for, per class: the class's free slots, at most `claim_batch_size`; a class
+    with no free slot is left out (its jobs are not claimed at all)."""
+    return {c: min(n, claim_batch_size) for c, n in free.items() if n > 0}
+
+
+def leftover(sizes: Mapping[str, int], taken: Mapping[str, int]) -> dict[str, int]:
+    """What is left of `sizes` after a first claim took `taken` jobs of each class (classes with nothing
+    left are left out)."""
+    left = {c: n - taken.get(c, 0) for c, n in sizes.items()}
+    return {c: n for c, n in left.items() if n > 0}
+
+
+def strays_due(last: float | None, now: float, poll_interval: float) -> bool:
+    """Whether a mixed worker looks for jobs of actors it does not know (job_claim_strays) in this claim:
+    at most once per `poll_interval` (`last`: when it last did, None: never)."""
+    return last is None or now - last >= poll_interval
 
 
 def lingering_after(lingering: int, found: int, *, busy_polls: int) -> int:

@@ -21,6 +21,7 @@ from taskq.worker.decisions import lease_deadline, must_self_fence, next_tick_at
 if TYPE_CHECKING:
     from taskq.backend import Backend
     from taskq.backend.workers import WorkerStore
+    from taskq.worker.classes import WorkerClasses
     from taskq.worker.registry import ActiveJobRegistry
     from taskq.worker.state import WorkerState
 
@@ -46,7 +47,7 @@ class Heartbeat:
         state: WorkerState,
         *,
         queues: Sequence[str],
-        concurrency: int,
+        classes: WorkerClasses,
         heartbeat_interval: float,
         lock_timeout: float,
         in_tx: InTx,
@@ -58,7 +59,7 @@ class Heartbeat:
         self._registry = registry
         self._state = state
         self._queues = queues
-        self._concurrency = concurrency
+        self._classes = classes
         self._interval = heartbeat_interval
         self._lock_timeout = lock_timeout
         self._in_tx = in_tx
@@ -186,7 +187,9 @@ class Heartbeat:
         the cancel flags of the others."""
         log.warning("this worker's row was removed (considered dead by a sweeper); registering again and "
                     "checking every held job")
-        await self._store.register(self._queues, self._concurrency, self._lock_timeout, conn)
+        classes = self._classes
+        await self._store.register(self._queues, classes.capacities["async"], self._lock_timeout, conn,
+                                   capacities=classes.capacities, actor_isolation=classes.actors)
         held = self._registry.held()
         still = await self._store.reconcile(conn, held, self._lock_timeout)  # fenced on the epoch we hold
         cancels = {job_id: row for job_id, row in still.items() if row.cancel_phase > 0}

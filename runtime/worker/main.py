@@ -25,10 +25,11 @@ from taskq.backend.workers import WorkerStore
 from taskq.dsn import resolve_dsn
 from taskq.exitcodes import ExitCode
 from taskq.logs import JobLines
-from taskq.metrics import LEAKED_THREADS, SHUTDOWN_JOBS
+from taskq.metrics import LEAKED_THREADS, SHUTDOWN_JOBS, WORKER_CAPACITY
 from taskq.models import CancelOrigin
 from taskq.settings import WorkerSettings
 from taskq.worker.cancel import CancelController
+from taskq.worker.classes import WorkerClasses
 from taskq.worker.completer import Completer
 from taskq.worker.consumer import Consumers
 from taskq.worker.decisions import (
@@ -111,9 +112,11 @@ class Worker:
         self.settings = settings
         self.actors = as_registry(actors)
         self.worker_id = settings.resolved_worker_id()
-        self.concurrency = settings.resolved_concurrency(a.isolation for a in self.actors)
-        """Jobs this worker runs at once: the `concurrency` setting, or its default for these actors."""
-        self.registry = ActiveJobRegistry()
+        self.classes = WorkerClasses.of(settings.capacities(), ((a.name, a.isolation) for a in self.actors))
+        """Its actors' isolation classes and each class's capacity."""
+        self.concurrency = self.classes.capacities["async"]
+        """Async jobs this worker runs at once: the `concurrency` setting, or DEFAULT_CONCURRENCY."""
+        self.registry = ActiveJobRegistry(self.classes.class_of)
         self.state = WorkerState()
         self.ready = threading.Event()
         self.shutdown_event = asyncio.Event()
@@ -153,7 +156,7 @@ class Worker:
         control = QueueControl(store, s.queues, s.poll_interval)
         wake = ClaimWake(state, control)
         completer = Completer(store, give_up_after=s.lock_timeout, on_queued=wake.slot_freed,
-                              on_written=wake.limited_slot_freed)
+                              on_written=wake.limited_slot_freed, class_of=registry.class_of_job)
         hooks = Hooks(backend)
         releaser = Releaser(store, state, hooks, budget=self._release_budget)
         consumers = Consumers(registry, self.actors, backend, store, completer, hooks,
@@ -162,14 +165,15 @@ class Worker:
         controller = CancelController(registry, state, store, completer, hooks, worker_id=self.worker_id,
                                       cancellation_grace_period=s.cancellation_grace_period,
                                       cleanup_grace_period=s.cleanup_grace_period, on_abandoned=self.on_abandoned)
-        heartbeat = Heartbeat(backend, store, registry, state, queues=s.queues, concurrency=self.concurrency,
+        heartbeat = Heartbeat(backend, store, registry, state, queues=s.queues, classes=self.classes,
                               heartbeat_interval=s.heartbeat_interval, lock_timeout=s.lock_timeout,
                               in_tx=controller.run_in_tx, post_tx=controller.run_post_tx,
                               on_leases_lost=self.lose_leases)
         dispatcher = Dispatcher(store, registry, state, control, completer, wake, spawn=consumers.spawn,
                                 release_unstarted=releaser.release_unstarted, queues=s.queues,
-                                concurrency=self.concurrency, claim_batch_size=s.claim_batch_size,
-                                lock_timeout=s.lock_timeout, poll_interval=s.poll_interval)
+                                classes=self.classes, claim_batch_size=s.claim_batch_size,
+                                lock_timeout=s.lock_timeout, poll_interval=s.poll_interval,
+                                unavailable=self._unavailable_slots)
         # the NOTIFY wakes the resolver at once; its poll only catches a backlog left by a crash, so it is
         # as slow as the sweeper's unless no LISTEN connection is there to wake it
         resolver = Resolver(store, interval=s.sweep_interval if s.listens() else s.poll_interval)
@@ -217,6 +221,10 @@ class Worker:
         if self._process_executor is not None:
             found.append(self._process_executor)
         return found
+
+    def _unavailable_slots(self, isolation: str) -> int:
+        """Slots of a class no held job takes but that are not free: a leaked thread keeps its thread."""
+        return self._thread_executor.leaked_threads if isolation == "thread" else 0
 
     def leaked_threads(self) -> int:
         return sum(int(getattr(ex, "leaked_threads", 0)) for ex in self.executors())
@@ -279,7 +287,10 @@ class Worker:
                                      worker_id=self.worker_id, transaction_pooler=s.transaction_pooler)
         listen_dsn = s.listen_dsn_value()
         p = self._parts = self._wire(backend, resolve_dsn(listen_dsn) if listen_dsn else dsn)
-        await p.store.register(s.queues, self.concurrency, s.lock_timeout)
+        await p.store.register(s.queues, self.concurrency, s.lock_timeout, capacities=self.classes.capacities,
+                               actor_isolation=self.classes.actors)
+        for isolation, capacity in self.classes.capacities.items():
+            WORKER_CAPACITY.labels(isolation=isolation).set(capacity)
         # this code's actor limits, for the whole fleet (the last worker to start wins)
         if await p.store.sync_actor_limits({a.name: a.limits for a in self.actors}):
             log.info("actor limits written: %s", {a.name: a.limits.describe() for a in self.actors if a.limits.any})
@@ -287,8 +298,8 @@ class Worker:
         if taken:
             log.warning("reclaimed %s left running under worker id %s by an earlier process", taken, self.worker_id)
         await p.scheduler.sync()  # code declarations are upserted when a worker starts
-        log.info("worker %s started: queues=%s concurrency=%d actors=%s", self.worker_id, s.queues,
-                 self.concurrency, self.actors.names())
+        log.info("worker %s started: queues=%s capacity: %s actors=%s", self.worker_id, s.queues,
+                 self.classes.describe(), self.actors.names())
         if not s.listens():
             log.info("no LISTEN connection (transaction_pooler without listen_dsn): polling every %.2fs, "
                      "cancel requests arrive with the heartbeat", s.poll_interval)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
@@ -38,6 +38,8 @@ class ActiveJob:
     finishing: bool = False
     """The consumer has started its terminal write; the heartbeat no longer treats a missing row as lost."""
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
+    isolation: str = "async"
+    """The isolation class whose slot the job takes (set by the registry when it is added)."""
     span: Any = None
     """The attempt's consumer span (taskq.tracing.consumer) while it runs, when tracing."""
 
@@ -87,16 +89,33 @@ class ActiveJob:
 
 
 class ActiveJobRegistry:
-    def __init__(self) -> None:
+    """The held jobs, and how many of them each isolation class holds. `class_of(actor name)` says whose
+    slot a job takes (default: every job is async)."""
+
+    def __init__(self, class_of: Callable[[str], str] | None = None) -> None:
         self._jobs: dict[UUID, ActiveJob] = {}
+        self._class_of = class_of
+        self.held_by_class: dict[str, int] = {}
+        """Held jobs per isolation class."""
 
     def add(self, entry: ActiveJob) -> None:
+        if entry.id in self._jobs:
+            self.remove(entry.id)
+        if self._class_of is not None:
+            entry.isolation = self._class_of(entry.job.actor)
         self._jobs[entry.id] = entry
+        self.held_by_class[entry.isolation] = self.held_by_class.get(entry.isolation, 0) + 1
 
     def remove(self, job_id: UUID, entry: ActiveJob | None = None) -> None:
         current = self._jobs.get(job_id)
         if current is not None and (entry is None or current is entry):
             del self._jobs[job_id]
+            self.held_by_class[current.isolation] -= 1
+
+    def class_of_job(self, job_id: UUID) -> str:
+        """The isolation class of a held job (async for one no longer held)."""
+        entry = self._jobs.get(job_id)
+        return entry.isolation if entry is not None else "async"
 
     def get(self, job_id: UUID) -> ActiveJob | None:
         return self._jobs.get(job_id)

@@ -34,23 +34,20 @@ def registry_of(*isolations: str) -> ActorRegistry:
     return reg
 
 
-def test_unset_concurrency_is_the_default_for_async_actors_and_the_executor_limit_otherwise() -> None:
+def test_unset_concurrency_is_the_default_whatever_the_other_actors_and_each_class_has_its_own_capacity() -> None:
     s = WorkerSettings(max_threads=16, max_children=3)
     assert s.concurrency is None
-    assert s.resolved_concurrency(["async"]) == DEFAULT_CONCURRENCY == 200
-    assert s.resolved_concurrency([]) == DEFAULT_CONCURRENCY
-    assert s.resolved_concurrency(["async", "thread"]) == 16
-    assert s.resolved_concurrency(["process", "async"]) == 3
-    assert s.resolved_concurrency(["thread", "process"]) == 3
-    assert WorkerSettings(max_threads=500).resolved_concurrency(["thread"]) == DEFAULT_CONCURRENCY
+    assert s.resolved_concurrency() == DEFAULT_CONCURRENCY == 200
+    assert s.capacities() == {"async": 200, "thread": 16, "process": 3}
 
 
-def test_a_concurrency_that_is_set_is_used_as_given_whatever_the_actors() -> None:
-    assert WorkerSettings(concurrency=7).resolved_concurrency(["async"]) == 7
-    assert WorkerSettings(concurrency=40, max_threads=4).resolved_concurrency(["thread"]) == 40
+def test_a_concurrency_that_is_set_is_the_async_capacity_and_leaves_the_others_alone() -> None:
+    assert WorkerSettings(concurrency=7).resolved_concurrency() == 7
+    assert WorkerSettings(concurrency=40, max_threads=4, max_children=2).capacities() == {
+        "async": 40, "thread": 4, "process": 2}
 
 
-@pytest.mark.parametrize(("isolations", "expected"), [(("async",), 200), (("async", "thread"), 4)])
+@pytest.mark.parametrize(("isolations", "expected"), [(("async",), 200), (("async", "thread"), 200)])
 async def test_a_worker_with_default_settings_registers_the_concurrency_it_runs_with(
     dsn: str, isolations: tuple[str, ...], expected: int
 ) -> None:
@@ -90,7 +87,7 @@ async def test_a_slot_frees_when_its_actor_returns_while_the_outcome_is_still_be
             # the second outcome queues behind the first: two unwritten outcomes, no free slot left
             await wait_for(lambda: worker.parts.completer.outstanding == 2)
             third = await client.enqueue(step, 3)
-            assert worker.parts.dispatcher.free_slots() == 0
+            assert worker.parts.dispatcher.free_slots() == {"async": 0}
             assert status_of(dsn, first.job_id) == "running"
             assert status_of(dsn, third.job_id) == "pending"
             assert started == [1, 2]

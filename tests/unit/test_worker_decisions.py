@@ -276,11 +276,11 @@ def test_a_freed_slot_wakes_the_dispatcher_only_when_it_waits_for_one_or_the_wor
     wake = ClaimWake(state, control)  # type: ignore[arg-type]
     wake.slot_freed()
     assert not wake.event.is_set()  # the dispatcher waits for jobs, not slots: no empty claim
-    wake.full = True
+    wake.full = {"async"}
     wake.slot_freed()
     assert wake.event.is_set()
     wake.event.clear()
-    wake.full = False
+    wake.full = set()
     state.draining = True
     wake.slot_freed()
     assert wake.event.is_set()

@@ -8,8 +8,8 @@ APP (each worker, and each worker `taskq run` forks) has Django ready before a t
 in a worker thread (`isolation="thread"`: Django's ORM is sync), with `close_old_connections()` before and
 after it as Django does around a request, and Django's `task_started` / `task_finished` signals.
 
-`actors` knows the tasks of every installed app's `tasks` module at start (the worker's concurrency
-default depends on them), and resolves any other task of a TaskqBackend by its module path the first
+`actors` knows the tasks of every installed app's `tasks` module at start (the worker counts their jobs on
+its thread capacity, `max_threads`), and resolves any other task of a TaskqBackend by its module path the first
 time one of its jobs is claimed, when that module belongs to an installed app or is already imported
 (a job's actor name never makes the worker import an arbitrary module).
 
