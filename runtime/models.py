@@ -518,28 +518,3 @@ class QueueLimitsResult(BaseModel):
 
     name: str
     limits: QueueLimits
-
-
-class ClassSlots(BaseModel):
-    """One live worker of a job's queue, as the job's isolation class stands there: the class the job's
-    actor takes a slot of on that worker, its capacity and the jobs of that class the worker holds now."""
-
-    model_config = _frozen
-
-    worker_id: str
-    isolation: str
-    capacity: int
-    busy: int
-
-
-def describe_class_wait(queue: str, slots: list[ClassSlots]) -> str | None:
-    """Why a ready job waits when its isolation class has no free slot on any live worker of its queue
-    ("waiting for a free process slot: every worker of queue default is full (process 2/2 on 1 worker)").
-    None when some worker has one (or none registered its classes)."""
-    if not slots or any(s.busy < s.capacity for s in slots):
-        return None
-    classes = sorted({s.isolation for s in slots})
-    busy, capacity = sum(s.busy for s in slots), sum(s.capacity for s in slots)
-    workers = f"{len(slots)} worker" + ("s" if len(slots) > 1 else "")
-    return (f"waiting for a free {'/'.join(classes)} slot: every worker of queue {queue} is full "
-            f"({'/'.join(classes)} {busy}/{capacity} on {workers})")

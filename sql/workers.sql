@@ -173,29 +173,3 @@ SELECT id FROM upd;
 
 -- name: listen
 LISTEN taskq_jobs; LISTEN taskq_cancel; LISTEN taskq_queues; LISTEN taskq_settle;
-
--- name: job_class_slots
--- Why a ready job may wait (`taskq job`): on each live worker of its queue that registered its classes,
--- the isolation class the job's actor takes a slot of there (a job of an actor the worker does not know:
--- async on a worker of several classes, else its only class), that class's capacity, and the running jobs
--- of that class the worker holds (from jobs_running_lease_idx).
-WITH j AS (
-    SELECT actor, queue FROM taskq.jobs WHERE id = %(id)s
-), w AS (
-    SELECT w.id, w.actor_isolation, w.capacity_async, w.capacity_thread, w.capacity_process,
-           (SELECT CASE WHEN count(DISTINCT v) = 1 THEN min(v) ELSE 'async' END
-            FROM jsonb_each_text(w.actor_isolation) AS e(k, v)) AS stray, j.actor
-    FROM taskq.workers AS w CROSS JOIN j
-    WHERE j.queue = ANY(w.queues) AND NOT w.stopping AND w.lease_expires_at >= now()
-      AND w.actor_isolation IS NOT NULL
-), c AS (
-    SELECT w.*, coalesce(w.actor_isolation ->> w.actor, w.stray) AS cls FROM w
-)
-SELECT c.id, c.cls,
-       CASE c.cls WHEN 'async' THEN c.capacity_async WHEN 'thread' THEN c.capacity_thread
-                  ELSE c.capacity_process END AS capacity,
-       (SELECT count(*) FROM taskq.jobs AS r
-        WHERE r.worker_id = c.id AND r.status = 'running'
-          AND coalesce(c.actor_isolation ->> r.actor, c.stray) = c.cls) AS busy
-FROM c
-ORDER BY c.id;

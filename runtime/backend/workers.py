@@ -20,7 +20,7 @@ from psycopg.types.json import Jsonb
 
 from taskq import sql
 from taskq.backend.core import Backend
-from taskq.models import ClassSlots, QueueLimits
+from taskq.models import QueueLimits
 
 RETRY = "scheduled"
 
@@ -113,15 +113,6 @@ def reclaim_params(*, worker_id: str | None, cause: str, detail: str | None, rec
     at most `limit` of them, reclaimed by `reclaimer_id` for `cause`."""
     return {"worker_id": worker_id, "cause": cause, "detail": detail, "sweeper_id": reclaimer_id,
             "tracked": tracked, "limit": limit, "base_delay": RECLAIM_BASE_DELAY, "max_delay": RECLAIM_MAX_DELAY}
-
-
-async def job_class_slots(backend: Backend, job_id: UUID) -> list[ClassSlots]:
-    """The job's isolation class on each live worker of its queue, with its capacity and the slots taken
-    there (job_class_slots); `taskq.models.describe_class_wait` says in words whether that holds it up."""
-    async with backend.pool.connection() as conn:
-        cur = await conn.execute(sql.query("job_class_slots"), {"id": job_id})
-        rows = await cur.fetchall()
-    return [ClassSlots(worker_id=w, isolation=c, capacity=int(n), busy=int(b)) for w, c, n, b in rows if n is not None]
 
 
 class WorkerStore:
