@@ -71,7 +71,8 @@ CREATE INDEX jobs_fair_later_idx ON taskq.jobs (queue, scheduled_at)
 CREATE FUNCTION taskq.fair_bases_v16(p_queue text, p_keys text[], p_priority integer, p_due boolean)
     RETURNS TABLE (key text, base float8, step float8)
     LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog SET jit = off
+    -- index probes only: a plan cached while the table was small (or not analyzed) must not read it all
+    SET search_path = pg_catalog SET jit = off SET enable_seqscan = off
 AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -116,7 +117,8 @@ $fn$;
 -- After a weight change: the key's due jobs of each priority are spaced by the new weight from the head.
 CREATE FUNCTION taskq.fair_retag_v16(p_queue text, p_key text) RETURNS integer
     LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog SET jit = off
+    -- index probes only: a plan cached while the table was small (or not analyzed) must not read it all
+    SET search_path = pg_catalog SET jit = off SET enable_seqscan = off
 AS $fn$
 DECLARE
     v_priority integer;
@@ -159,7 +161,8 @@ $fn$;
 -- head, key by key, as if enqueued now (in the order they became due). Returns how many.
 CREATE FUNCTION taskq.fair_promote_v16(p_queues text[]) RETURNS integer
     LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog SET jit = off
+    -- index probes only: a plan cached while the table was small (or not analyzed) must not read it all
+    SET search_path = pg_catalog SET jit = off SET enable_seqscan = off
 AS $fn$
 DECLARE
     g record;

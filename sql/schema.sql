@@ -692,6 +692,7 @@ CREATE FUNCTION taskq.fair_bases_v16(p_queue text, p_keys text[], p_priority int
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog'
     SET jit TO 'off'
+    SET enable_seqscan TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -737,6 +738,7 @@ CREATE FUNCTION taskq.fair_promote_v16(p_queues text[]) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog'
     SET jit TO 'off'
+    SET enable_seqscan TO 'off'
     AS $$
 DECLARE
     g record;
@@ -772,6 +774,7 @@ CREATE FUNCTION taskq.fair_retag_v16(p_queue text, p_key text) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog'
     SET jit TO 'off'
+    SET enable_seqscan TO 'off'
     AS $$
 DECLARE
     v_priority integer;
