@@ -147,7 +147,7 @@ def job_detail(row: JobRow, events: Sequence[JobEvent], attempts: Sequence[JobAt
         ("tags", ", ".join(row.tags) or NONE),
         ("unique key", f"{row.unique_key} (scope {row.unique_scope})" if row.unique_key else NONE),
         ("limit key", row.concurrency_key or NONE),  # concurrency_key, for per-key limits
-        ("fairness key", row.fairness_key or NONE),
+        ("fair key", row.fairness_key or NONE),  # fairness_key: its share of the queue (docs/fairness.md)
         ("requeues", str(row.requeue_count)),
         ("created", when(row.created_at)),
         ("scheduled", when(row.scheduled_at)),

@@ -211,7 +211,7 @@ async def test_taskq_job_says_its_keys_share_is_used_and_shows_the_key(dsn: str,
     assert ahead >= 4
     shown = cli(dsn, "job", str(small[-1].job_id))
     assert shown.returncode == 0, shown.stderr
-    assert re.search(r"^fairness key\s+small$", shown.stdout, re.MULTILINE), shown.stdout
+    assert re.search(r"^fair key\s+small$", shown.stdout, re.MULTILINE), shown.stdout
     assert f"its key's share is used: {ahead} ready jobs of other keys come first" in shown.stdout
     as_json = json.loads(cli(dsn, "job", str(small[-1].job_id), "--json").stdout)
     assert as_json["job"]["fairness_key"] == "small"

@@ -254,7 +254,8 @@ def test_the_comparison_fails_on_a_column_the_migrations_do_not_add(empty_dsn: s
     diff = difference(describe(empty_dsn), migrated)
     assert "-column workers.extra: integer, storage p" in diff
     assert "-columns of workers, in order: id, host, pid, queues, concurrency, started_at, last_heartbeat_at, " \
-           "stopping, lease_expires_at, capacity_async, capacity_thread, capacity_process, actor_isolation, extra" in diff
+           "stopping, lease_expires_at, capacity_async, capacity_thread, capacity_process, actor_isolation, " \
+           "extra" in diff
 
 
 def test_the_comparison_fails_on_a_changed_check_list_or_function_body(empty_dsn: str, migrated: list[str]) -> None:
