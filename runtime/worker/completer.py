@@ -29,20 +29,21 @@ class Completer:
     after each batch written (its slots are free in the database then).
 
     `outstanding_by_class` splits `outstanding` by isolation class, `class_of(job id)` telling the class of
-    each outcome handed over (its job is still held then); `on_queued(class)` is told it."""
+    each outcome handed over (its job is still held then; a worker of one class passes none, and every
+    outcome counts on `single`); `on_queued(class)` is told it."""
 
     def __init__(self, store: WorkerStore, *, give_up_after: float,
                  on_queued: Callable[[str], None] | None = None, on_written: Callable[[], None] | None = None,
-                 class_of: Callable[[UUID], str] | None = None) -> None:
+                 class_of: Callable[[UUID], str] | None = None, single: str = "async") -> None:
         self._store = store
         self._give_up_after = give_up_after
         self._on_queued = on_queued
         self._on_written = on_written
         self._class_of = class_of
+        self._single = single
         self.outstanding = 0
         self.outstanding_by_class: dict[str, int] = {}
-        self._classes: dict[int, str] = {}
-        self._queue: list[tuple[Finish, asyncio.Future[str | None]]] = []
+        self._queue: list[tuple[Finish, asyncio.Future[str | None], str]] = []
         self._wake = asyncio.Event()
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -56,10 +57,9 @@ class Completer:
         # once per worker, not per job: get_running_loop() costs a getpid() system call each time
         loop = self._loop or self._bind_loop()
         future: asyncio.Future[str | None] = loop.create_future()
-        self._queue.append((item, future))
+        isolation = self._class_of(item.job_id) if self._class_of is not None else self._single
+        self._queue.append((item, future, isolation))
         self.outstanding += 1
-        isolation = self._class_of(item.job_id) if self._class_of is not None else "async"
-        self._classes[id(item)] = isolation  # the item, not its job: one job may get two outcomes
         self.outstanding_by_class[isolation] = self.outstanding_by_class.get(isolation, 0) + 1
         self._wake.set()
         if self._on_queued is not None:
@@ -107,16 +107,16 @@ class Completer:
             del self._queue[:MAX_BATCH]
             await self._write(batch)
 
-    async def _write(self, batch: list[tuple[Finish, asyncio.Future[str | None]]]) -> None:
+    async def _write(self, batch: list[tuple[Finish, asyncio.Future[str | None], str]]) -> None:
         try:
             await self._write_once(batch)
         finally:
             self.outstanding -= len(batch)
-            for item, _ in batch:
-                isolation = self._classes.pop(id(item), "async")
-                self.outstanding_by_class[isolation] -= 1
+            by_class = self.outstanding_by_class
+            for _, _, isolation in batch:
+                by_class[isolation] -= 1
 
-    async def _write_once(self, batch: list[tuple[Finish, asyncio.Future[str | None]]]) -> None:
+    async def _write_once(self, batch: list[tuple[Finish, asyncio.Future[str | None], str]]) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._give_up_after
         delay = 0.05
@@ -124,21 +124,21 @@ class Completer:
             try:
                 # bounded by the deadline itself: the pool alone would wait its own timeout per attempt
                 async with asyncio.timeout_at(deadline):
-                    written = await self._store.finish_batch([item for item, _ in batch])
+                    written = await self._store.finish_batch([item for item, _, _ in batch])
                 break
             except Exception as exc:
                 if isinstance(exc, TimeoutError):
                     exc = TimeoutError(f"the database did not answer within {self._give_up_after:g}s")
                 if loop.time() + delay > deadline:
                     log.error("giving up writing %d outcomes after %.1fs: %s", len(batch), self._give_up_after, exc)
-                    for _, future in batch:
+                    for _, future, _ in batch:
                         if not future.done():
                             future.set_exception(exc)
                     return
                 log.warning("writing %d outcomes failed (%s); retrying in %.2fs", len(batch), exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
-        for item, future in batch:
+        for item, future, _ in batch:
             status = written.get(item.job_id)
             if status is None:
                 STALE_WRITES.inc()

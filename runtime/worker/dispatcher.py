@@ -41,6 +41,8 @@ BUSY_POLLS empty claims per busy spell."""
 
 BUSY_POLLS = 3
 
+EMPTY: frozenset[str] = frozenset()
+
 
 class ClaimWake:
     """What wakes the dispatcher: a NOTIFY (the listener), a freed slot it waits for, a stop. Made before
@@ -50,7 +52,7 @@ class ClaimWake:
         self._state = state
         self._control = control
         self.event = asyncio.Event()
-        self.full: set[str] = set()
+        self.full: frozenset[str] | set[str] = EMPTY
         """The isolation classes whose slots were all taken at the last claim: a slot of one of them
         freed is a reason to claim again."""
 
@@ -129,7 +131,7 @@ class Dispatcher:
                 try:
                     await self.wake.wait()
                 finally:
-                    self._wake.full = set()
+                    self._wake.full = EMPTY
                 continue
             want = sum(sizes.values())
             try:
@@ -147,15 +149,22 @@ class Dispatcher:
                 return
             for job in jobs:
                 self._spawn(job)
-            taken = self.count_by_class(jobs)
-            self._wake.full = {c for c, n in free.items() if n - taken.get(c, 0) <= 0}
             if jobs:
                 # counted after the new consumers' first steps, which start the actors
                 loop.call_soon(self._count, jobs)
             if len(jobs) < want:
                 lingering = lingering_after(lingering, len(jobs), busy_polls=BUSY_POLLS)
-                await self._wait(claim_pause(lingering, busy_polls=BUSY_POLLS, busy_poll=self.busy_poll,
-                                             poll_interval=self._poll_interval))
+                # a mixed worker pauses with some class full (its claim found no more of the others' work):
+                # a slot of that class freed ends the pause. Only while it pauses: a finish between claims
+                # must not cut the next pause short (one more claim per finished job)
+                if self._classes.mixed:
+                    taken = self.count_by_class(jobs)
+                    self._wake.full = {c for c, n in free.items() if n - taken.get(c, 0) <= 0}
+                try:
+                    await self._wait(claim_pause(lingering, busy_polls=BUSY_POLLS, busy_poll=self.busy_poll,
+                                                 poll_interval=self._poll_interval))
+                finally:
+                    self._wake.full = EMPTY
                 self.wake.clear()
 
     def stop(self) -> None:
@@ -218,6 +227,8 @@ class Dispatcher:
         return jobs
 
     def count_by_class(self, jobs: Sequence[ClaimedJob]) -> dict[str, int]:
+        if not self._classes.mixed:
+            return {self._classes.stray: len(jobs)}
         found: dict[str, int] = {}
         class_of = self._classes.class_of
         for job in jobs:

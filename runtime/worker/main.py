@@ -156,7 +156,9 @@ class Worker:
         control = QueueControl(store, s.queues, s.poll_interval)
         wake = ClaimWake(state, control)
         completer = Completer(store, give_up_after=s.lock_timeout, on_queued=wake.slot_freed,
-                              on_written=wake.limited_slot_freed, class_of=registry.class_of_job)
+                              on_written=wake.limited_slot_freed,
+                              class_of=registry.class_of_job if self.classes.mixed else None,
+                              single=self.classes.stray)
         hooks = Hooks(backend)
         releaser = Releaser(store, state, hooks, budget=self._release_budget)
         consumers = Consumers(registry, self.actors, backend, store, completer, hooks,
