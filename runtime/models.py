@@ -128,6 +128,14 @@ class JobRow(BaseModel):
     the smallest first); None in a queue without fair share, infinite until a job written to start later
     is due."""
 
+    workflow_id: UUID | None = None
+    """The workflow the job belongs to (`JobsClient.workflow()`, and children its members enqueue)."""
+    wait_kind: str | None = None
+    """While scheduled: 'sleep' (ctx.sleep) or 'signal' (ctx.wait_for_signal) when the job is suspended,
+    until scheduled_at (9999-12-31: a wait without timeout). Meaningless in any other status."""
+    wait_signal: str | None = None
+    """The signal name a job suspended in ctx.wait_for_signal waits for."""
+
     @field_serializer("fair_tag", when_used="json")
     def _finite_tag(self, tag: float | None) -> float | None:
         # JSON has no infinity: a job not yet tagged (due later) shows null
@@ -150,6 +158,14 @@ class EventKind(enum.StrEnum):
     REQUEUED = "requeued"
     OPERATOR = "operator"
     """The web API's audit entry on the job's timeline (who did what; any state change is its own entry)."""
+    STEP = "step"
+    """A step's result was stored (`detail.step`: its name)."""
+    SIGNAL = "signal"
+    """A signal was sent to the job (`detail.signal`, `detail.woke`: it was waiting for it)."""
+    SLEEPING = "sleeping"
+    """The attempt ended in a durable sleep (`detail.until`)."""
+    WAITING = "waiting"
+    """The attempt ended waiting for a signal (`detail.signal`, `detail.until`)."""
 
 
 class JobEvent(BaseModel):

@@ -275,7 +275,7 @@ WITH target AS (
         max_attempts = least(j.attempt::bigint + coalesce(%(attempts)s::int, b.max_attempts, j.max_attempts),
                              2147483647)::int,
         requeue_count = j.requeue_count + 1,
-        started_at = NULL, finished_at = NULL, worker_id = NULL,
+        started_at = NULL, finished_at = NULL, worker_id = NULL, wait_kind = NULL, wait_signal = NULL,
         cancel_phase = 0, cancel_requested_at = NULL, cancel_reason = NULL,
         error_class = NULL, error_message = NULL,
         schedule_to_close = CASE WHEN j.schedule_to_close <= now() THEN NULL ELSE j.schedule_to_close END
@@ -341,7 +341,7 @@ WITH target AS (
         max_attempts = least(j.attempt::bigint + coalesce(%(attempts)s::int, b.max_attempts, j.max_attempts),
                              2147483647)::int,
         requeue_count = j.requeue_count + 1,
-        started_at = NULL, finished_at = NULL, worker_id = NULL,
+        started_at = NULL, finished_at = NULL, worker_id = NULL, wait_kind = NULL, wait_signal = NULL,
         cancel_phase = 0, cancel_requested_at = NULL, cancel_reason = NULL,
         error_class = NULL, error_message = NULL,
         schedule_to_close = CASE WHEN j.schedule_to_close <= now() THEN NULL ELSE j.schedule_to_close END
@@ -370,7 +370,9 @@ ORDER BY d.id;
 -- Every outcome of an attempt, batched: succeeded / failed / cancelled / abandoned / crashed, or
 -- 'scheduled' for a retry after retry_delay seconds (outcome 'retried'), or for a snooze (outcome
 -- 'snoozed': the actor raised taskq.Snooze; it gives its attempt back to the budget, max_attempts + 1,
--- and its event is of kind 'snoozed'). Rows whose fence fails are left alone; the
+-- and its event is of kind 'snoozed'), or for a sleep or a wait for a signal (outcomes 'sleeping' and
+-- 'waiting', wait_kind 'sleep' or 'signal': as a snooze, and a retry_delay of Infinity waits without end;
+-- sql/0017_durable_jobs.sql). A retry leaves wait_kind NULL. Rows whose fence fails are left alone; the
 -- caller counts them as stale writes. A cancelled verdict needs a real cancel request on the row.
 -- A retry is never written over an operator's cancel request: an attempt that failed after the request
 -- committed but before its worker saw it ends cancelled (the marker of the row's cancel phase), as the
@@ -382,9 +384,9 @@ WITH i AS (
     SELECT * FROM unnest(%(ids)b::uuid[], %(attempts)b::int[], %(epochs)b::bigint[], %(statuses)b::text[],
                          %(results)b::jsonb[], %(error_classes)b::text[], %(error_messages)b::text[],
                          %(retry_delays)b::float8[], %(outcomes)b::text[], %(details)b::jsonb[],
-                         %(first_traces)b::jsonb[])
+                         %(first_traces)b::jsonb[], %(wait_kinds)b::text[], %(wait_signals)b::text[])
         AS t(id, attempt, epoch, status, result, error_class, error_message, retry_delay, outcome, detail,
-             first_trace)
+             first_trace, wait_kind, wait_signal)
 ), upd AS (
     -- the cancel request is read from the locked row (not from the statement's snapshot), so a request
     -- that commits while this statement waits for the row lock is honoured too
@@ -399,15 +401,22 @@ WITH i AS (
                            ELSE i.error_class END,
         error_message = CASE WHEN i.status = 'succeeded' THEN NULL ELSE i.error_message END,
         finished_at = CASE WHEN i.status = 'scheduled' AND j.cancel_requested_at IS NULL THEN NULL ELSE now() END,
-        scheduled_at = CASE WHEN i.status = 'scheduled' AND j.cancel_requested_at IS NULL
-                            THEN now() + i.retry_delay * interval '1 second' ELSE j.scheduled_at END,
+        -- a wait for a signal that is already there is due at once (taskq.signal_ready_v17 reads with its
+        -- own snapshot: it sees a signal whose sender held this row while this statement waited for it)
+        scheduled_at = CASE WHEN i.status <> 'scheduled' OR j.cancel_requested_at IS NOT NULL THEN j.scheduled_at
+                            WHEN i.wait_kind = 'signal' AND taskq.signal_ready_v17(j.id, i.wait_signal) THEN now()
+                            WHEN i.retry_delay = 'Infinity' THEN '9999-12-31 00:00:00+00'::timestamptz
+                            ELSE now() + i.retry_delay * interval '1 second' END,
+        wait_kind = CASE WHEN i.status = 'scheduled' AND j.cancel_requested_at IS NULL THEN i.wait_kind END,
+        wait_signal = CASE WHEN i.status = 'scheduled' AND j.cancel_requested_at IS NULL THEN i.wait_signal END,
         worker_id = CASE WHEN i.status = 'scheduled' AND j.cancel_requested_at IS NULL THEN NULL
                          ELSE j.worker_id END,
         lock_expires_at = NULL,
         cancel_phase = CASE WHEN i.status = 'scheduled' AND j.cancel_requested_at IS NULL THEN 0
                             WHEN i.error_class = 'CancelledForced' THEN 2 ELSE j.cancel_phase END,
         max_attempts = j.max_attempts
-                       + CASE WHEN i.outcome = 'snoozed' AND j.cancel_requested_at IS NULL THEN 1 ELSE 0 END,
+                       + CASE WHEN i.outcome IN ('snoozed', 'sleeping', 'waiting') AND j.cancel_requested_at IS NULL
+                              THEN 1 ELSE 0 END,
         snooze_count = j.snooze_count
                        + CASE WHEN i.outcome = 'snoozed' AND j.cancel_requested_at IS NULL THEN 1 ELSE 0 END,
         -- a traced retry: its attempt's span, for the later attempts' links (taskq.contrib.otel)
@@ -438,7 +447,7 @@ WITH i AS (
     WHERE a.job_id = u.id AND a.claim_epoch = u.claim_epoch
 ), ev AS (
     INSERT INTO taskq.job_events (job_id, kind, from_status, to_status, attempt, worker_id, detail)
-    SELECT u.id, CASE WHEN u.outcome = 'snoozed' THEN 'snoozed' ELSE 'state_change' END,
+    SELECT u.id, CASE WHEN u.outcome IN ('snoozed', 'sleeping', 'waiting') THEN u.outcome ELSE 'state_change' END,
            'running', u.status, u.attempt, u.worker_id,
            coalesce(u.detail, '{}'::jsonb)
            || jsonb_strip_nulls(jsonb_build_object('error_class', u.error_class, 'claim_epoch', u.claim_epoch))
@@ -473,6 +482,7 @@ WITH i AS (
         status = v.status,
         interrupt_count = j.interrupt_count + CASE WHEN v.status IN ('pending', 'scheduled') THEN 1 ELSE 0 END,
         worker_id = CASE WHEN v.status IN ('pending', 'scheduled') THEN NULL ELSE j.worker_id END,
+        wait_kind = NULL, wait_signal = NULL,
         lock_expires_at = NULL,
         cancel_phase = CASE WHEN v.status = 'cancelled' THEN greatest(j.cancel_phase, 2)
                             WHEN v.status = 'failed' THEN j.cancel_phase ELSE 0 END,

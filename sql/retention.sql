@@ -23,7 +23,7 @@ WITH gate AS (
     LIMIT %(limit)s
     FOR UPDATE OF jobs SKIP LOCKED
 )
-SELECT d.jobs, d.events FROM taskq.delete_terminal_jobs(ARRAY(SELECT id FROM doomed)) AS d;
+SELECT d.jobs, d.events FROM taskq.delete_terminal_jobs_v17(ARRAY(SELECT id FROM doomed)) AS d;
 
 -- name: prune_failed
 -- As prune_succeeded, for the failed class (failed, crashed, abandoned), from jobs_retention_failed_idx.
@@ -40,7 +40,7 @@ WITH gate AS (
     LIMIT %(limit)s
     FOR UPDATE OF jobs SKIP LOCKED
 )
-SELECT d.jobs, d.events FROM taskq.delete_terminal_jobs(ARRAY(SELECT id FROM doomed)) AS d;
+SELECT d.jobs, d.events FROM taskq.delete_terminal_jobs_v17(ARRAY(SELECT id FROM doomed)) AS d;
 
 -- name: prune_attempts
 -- One bounded batch of finished attempts rows past their own keep window (job_attempts_retention_idx).

@@ -27,7 +27,8 @@ REVOKE ALL ON SCHEMA taskq FROM :"worker_role", :"client_role";
 REVOKE ALL ON FUNCTION taskq.delete_terminal_jobs(uuid[]), taskq.delete_finished_attempts(uuid[], bigint[]),
     taskq.revive_dependents(uuid[], text), taskq.settle_backlog(integer),
     taskq.delete_operator_requests(text[], text[], float8), taskq.delete_operator_audit(bigint[], float8),
-    taskq.audit_session_v15(text, text, uuid, text, text, text, jsonb)
+    taskq.audit_session_v15(text, text, uuid, text, text, text, jsonb), taskq.delete_terminal_jobs_v17(uuid[]),
+    taskq.signal_ready_v17(uuid, text)
     FROM :"worker_role", :"client_role";
 -- owner-only: the three trigger functions (a trigger fires without EXECUTE), the audit's one writer (the
 -- functions below call it as the owner), the audit function of the web role and the token functions of the
@@ -51,13 +52,15 @@ GRANT SELECT ON taskq.jobs TO :"worker_role";
 GRANT INSERT (id, actor, queue, payload, status, priority, tags, max_attempts, scheduled_at,
               schedule_to_close, parent_id, unique_key, unique_scope, idempotent,
               schedule, scheduled_for, trace_context, concurrency_key, parents_remaining, dependency_mode,
-              cancel_requested_at, cancel_reason, error_class, error_message, finished_at, fairness_key, fair_tag)
+              cancel_requested_at, cancel_reason, error_class, error_message, finished_at, fairness_key, fair_tag,
+              workflow_id)
     ON taskq.jobs TO :"worker_role";
 -- max_attempts and snooze_count: a snooze gives its attempt back; idempotent: set before the first run of
 -- a non-idempotent actor enqueued by name; trace_context: a traced retry writes its first attempt's span
 GRANT UPDATE (status, attempt, claim_epoch, worker_id, lock_expires_at, started_at, finished_at,
               scheduled_at, cancel_phase, result, error_class, error_message, interrupt_count, progress,
-              max_attempts, snooze_count, idempotent, revision, has_dependents, trace_context, fair_tag)
+              max_attempts, snooze_count, idempotent, revision, has_dependents, trace_context, fair_tag,
+              wait_kind, wait_signal)
     ON taskq.jobs TO :"worker_role";
 GRANT SELECT, INSERT ON taskq.job_events TO :"worker_role";
 -- child jobs with depends_on (ctx.jobs.enqueue): their edges; the cascade that resolves them runs as the
@@ -66,7 +69,8 @@ GRANT SELECT, INSERT ON taskq.job_dependencies TO :"worker_role";
 -- the resolver settles the edges a terminal transaction left beyond its chunk through an owner function
 GRANT EXECUTE ON FUNCTION taskq.settle_backlog(integer) TO :"worker_role";
 GRANT SELECT, INSERT, UPDATE ON taskq.job_attempts TO :"worker_role";
-GRANT EXECUTE ON FUNCTION taskq.delete_terminal_jobs(uuid[]) TO :"worker_role";
+GRANT EXECUTE ON FUNCTION taskq.delete_terminal_jobs(uuid[]), taskq.delete_terminal_jobs_v17(uuid[])
+    TO :"worker_role";
 GRANT EXECUTE ON FUNCTION taskq.delete_finished_attempts(uuid[], bigint[]) TO :"worker_role";
 -- retention of the web API's idempotency receipts and audit rows: the batch reads them (oldest first),
 -- the owner functions delete only rows past the window (the audit: never one younger than an hour)
@@ -95,6 +99,13 @@ GRANT SELECT ON taskq.fairness_weights TO :"worker_role";
 GRANT EXECUTE ON FUNCTION taskq.fair_bases_v16(text, text[], integer, boolean), taskq.fair_promote_v16(text[]),
     taskq.job_claim_limited_v16(text[], integer, integer, text, float8, text[], text[]),
     taskq.job_claim_queue_limited_v16(text[], integer, text, float8, text[], text[]) TO :"worker_role";
+-- durable jobs (sql/0017_durable_jobs.sql): an attempt stores its steps, sleeps and waits (fenced: it locks
+-- its job's row FOR SHARE, which the UPDATE grant above allows), takes the signals sent to its job, may send
+-- signals (ctx), and asks whether one is there when it suspends
+GRANT SELECT, INSERT, UPDATE ON taskq.job_steps TO :"worker_role";
+GRANT SELECT, INSERT, UPDATE (consumed_at, consumed_attempt, consumed_epoch, consumed_by)
+    ON taskq.job_signals TO :"worker_role";
+GRANT EXECUTE ON FUNCTION taskq.signal_ready_v17(uuid, text) TO :"worker_role";
 
 -- CLIENT (JobsClient and the CLI's enqueue, cancel, requeue, jobs, job): enqueue, cancel, requeue, read.
 -- It inserts only the columns of a new job (so only a pending or scheduled row: the CHECK constraints
@@ -108,12 +119,13 @@ GRANT SELECT ON taskq.jobs TO :"client_role";
 GRANT INSERT (id, actor, queue, payload, status, priority, tags, max_attempts, scheduled_at,
               schedule_to_close, parent_id, unique_key, unique_scope, idempotent,
               schedule, scheduled_for, trace_context, concurrency_key, parents_remaining, dependency_mode,
-              cancel_requested_at, cancel_reason, error_class, error_message, finished_at, fairness_key, fair_tag)
+              cancel_requested_at, cancel_reason, error_class, error_message, finished_at, fairness_key, fair_tag,
+              workflow_id)
     ON taskq.jobs TO :"client_role";
 -- has_dependents: set on the parents (under their row lock) by the enqueue of a child
 GRANT UPDATE (status, cancel_phase, cancel_requested_at, cancel_reason, error_class, finished_at,
               scheduled_at, max_attempts, requeue_count, started_at, worker_id, error_message, schedule_to_close,
-              revision, has_dependents, fair_tag)
+              revision, has_dependents, fair_tag, wait_kind, wait_signal)
     ON taskq.jobs TO :"client_role";
 -- No grant on api_tokens, operator_requests, operator_audit or web_sessions: tokens, receipts, the audit and
 -- sessions are the web role's and the admin role's. The CLI's operator writes (cancel, requeue, queue and
@@ -151,6 +163,11 @@ GRANT SELECT, INSERT ON taskq.fair_queues TO :"client_role";
 GRANT SELECT, INSERT, UPDATE, DELETE ON taskq.fairness_weights TO :"client_role";
 GRANT EXECUTE ON FUNCTION taskq.fair_bases_v16(text, text[], integer, boolean), taskq.fair_retag_v16(text, text)
     TO :"client_role";
+-- durable jobs: read a job's steps and signals (taskq job), send a signal (its row: the sender's; taking it
+-- stays the worker's), and requeue(reset_steps=True) deletes the job's stored steps
+GRANT SELECT, DELETE ON taskq.job_steps TO :"client_role";
+GRANT SELECT, INSERT (job_id, name, payload, sent_by) ON taskq.job_signals TO :"client_role";
+GRANT EXECUTE ON FUNCTION taskq.signal_ready_v17(uuid, text) TO :"client_role";
 
 COMMIT;
 
@@ -162,7 +179,7 @@ COMMIT;
 BEGIN;
 REVOKE ALL ON ALL TABLES IN SCHEMA taskq FROM :"web_role";
 REVOKE ALL ON SCHEMA taskq FROM :"web_role";
-REVOKE ALL ON FUNCTION taskq.revive_dependents(uuid[], text),
+REVOKE ALL ON FUNCTION taskq.revive_dependents(uuid[], text), taskq.signal_ready_v17(uuid, text),
     taskq.audit_write_v15(text, text, text, text, text, text, bigint, jsonb, uuid[], text[], bigint[], text[])
     FROM :"web_role";
 GRANT USAGE ON SCHEMA taskq TO :"web_role";
@@ -172,11 +189,12 @@ GRANT SELECT ON taskq.jobs, taskq.job_events, taskq.job_dependencies, taskq.job_
 GRANT INSERT (id, actor, queue, payload, status, priority, tags, max_attempts, scheduled_at,
               schedule_to_close, parent_id, unique_key, unique_scope, idempotent,
               schedule, scheduled_for, trace_context, concurrency_key, parents_remaining, dependency_mode,
-              cancel_requested_at, cancel_reason, error_class, error_message, finished_at, fairness_key, fair_tag)
+              cancel_requested_at, cancel_reason, error_class, error_message, finished_at, fairness_key, fair_tag,
+              workflow_id)
     ON taskq.jobs TO :"web_role";
 GRANT UPDATE (status, cancel_phase, cancel_requested_at, cancel_reason, error_class, finished_at,
               scheduled_at, max_attempts, requeue_count, started_at, worker_id, error_message, schedule_to_close,
-              revision, has_dependents, fair_tag)
+              revision, has_dependents, fair_tag, wait_kind, wait_signal)
     ON taskq.jobs TO :"web_role";
 GRANT INSERT ON taskq.job_events, taskq.job_dependencies, taskq.queue_events TO :"web_role";
 GRANT EXECUTE ON FUNCTION taskq.revive_dependents(uuid[], text) TO :"web_role";
@@ -192,6 +210,9 @@ GRANT SELECT, INSERT ON taskq.fair_queues TO :"web_role";
 GRANT SELECT, INSERT, UPDATE, DELETE ON taskq.fairness_weights TO :"web_role";
 GRANT EXECUTE ON FUNCTION taskq.fair_bases_v16(text, text[], integer, boolean), taskq.fair_retag_v16(text, text)
     TO :"web_role";
+GRANT SELECT, DELETE ON taskq.job_steps TO :"web_role";
+GRANT SELECT, INSERT (job_id, name, payload, sent_by) ON taskq.job_signals TO :"web_role";
+GRANT EXECUTE ON FUNCTION taskq.signal_ready_v17(uuid, text) TO :"web_role";
 GRANT SELECT, UPDATE (last_used_at) ON taskq.api_tokens TO :"web_role";
 GRANT SELECT, INSERT, UPDATE (fingerprint, status, body, created_at) ON taskq.operator_requests TO :"web_role";
 GRANT SELECT ON taskq.operator_audit TO :"web_role";

@@ -1,4 +1,4 @@
--- The taskq schema as migrations 0001..0016 leave it (the last: 0016_fair_claims.sql),
+-- The taskq schema as migrations 0001..0017 leave it (the last: 0017_durable_jobs.sql),
 -- with taskq.schema_migrations, which `taskq migrate` creates before the first. For reading only:
 -- taskq never runs this file, and the migrations stay the source of truth.
 --
@@ -154,12 +154,63 @@ ALTER TABLE taskq.job_events ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
 );
 
 ALTER TABLE taskq.job_events
-    ADD CONSTRAINT job_events_kind_check CHECK ((kind = ANY (ARRAY['state_change'::text, 'cancel_requested'::text, 'progress'::text, 'note'::text, 'snoozed'::text, 'requeued'::text, 'operator'::text]))) NOT VALID;
+    ADD CONSTRAINT job_events_kind_check CHECK ((kind = ANY (ARRAY['state_change'::text, 'cancel_requested'::text, 'progress'::text, 'note'::text, 'snoozed'::text, 'requeued'::text, 'operator'::text, 'step'::text, 'signal'::text, 'sleeping'::text, 'waiting'::text]))) NOT VALID;
 
 ALTER TABLE ONLY taskq.job_events
     ADD CONSTRAINT job_events_pkey PRIMARY KEY (id);
 
 CREATE INDEX job_events_job_idx ON taskq.job_events USING btree (job_id, id);
+
+CREATE TABLE taskq.job_signals (
+    id bigint NOT NULL,
+    job_id uuid NOT NULL,
+    name text NOT NULL,
+    payload jsonb,
+    sent_at timestamp with time zone DEFAULT now() NOT NULL,
+    sent_by text,
+    consumed_at timestamp with time zone,
+    consumed_attempt integer,
+    consumed_epoch bigint,
+    consumed_by text,
+    CONSTRAINT job_signals_consumed_whole CHECK ((((consumed_at IS NULL) = (consumed_attempt IS NULL)) AND ((consumed_at IS NULL) = (consumed_epoch IS NULL)) AND ((consumed_at IS NULL) = (consumed_by IS NULL)))),
+    CONSTRAINT job_signals_name_check CHECK (((name <> ''::text) AND (length(name) <= 200) AND (name !~ '[[:cntrl:]]'::text)))
+)
+WITH (autovacuum_vacuum_scale_factor='0.05');
+
+ALTER TABLE taskq.job_signals ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME taskq.job_signals_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+ALTER TABLE ONLY taskq.job_signals
+    ADD CONSTRAINT job_signals_pkey PRIMARY KEY (id);
+
+CREATE INDEX job_signals_job_idx ON taskq.job_signals USING btree (job_id, id);
+
+CREATE INDEX job_signals_pending_idx ON taskq.job_signals USING btree (job_id, name, id) WHERE (consumed_at IS NULL);
+
+CREATE TABLE taskq.job_steps (
+    job_id uuid NOT NULL,
+    kind text NOT NULL,
+    name text NOT NULL,
+    attempt integer NOT NULL,
+    claim_epoch bigint NOT NULL,
+    result jsonb,
+    wake_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT job_steps_attempt_check CHECK ((attempt >= 1)),
+    CONSTRAINT job_steps_claim_epoch_check CHECK ((claim_epoch >= 1)),
+    CONSTRAINT job_steps_kind_check CHECK ((kind = ANY (ARRAY['step'::text, 'sleep'::text, 'signal'::text]))),
+    CONSTRAINT job_steps_name_check CHECK (((name <> ''::text) AND (length(name) <= 255) AND (name !~ '[[:cntrl:]]'::text)))
+)
+WITH (autovacuum_vacuum_scale_factor='0.05');
+
+ALTER TABLE ONLY taskq.job_steps
+    ADD CONSTRAINT job_steps_pkey PRIMARY KEY (job_id, kind, name);
 
 CREATE TABLE taskq.jobs (
     id uuid DEFAULT gen_random_uuid() NOT NULL,
@@ -203,6 +254,9 @@ CREATE TABLE taskq.jobs (
     concurrency_key text,
     fairness_key text,
     fair_tag double precision,
+    workflow_id uuid,
+    wait_kind text,
+    wait_signal text,
     CONSTRAINT jobs_actor_check CHECK (((actor <> ''::text) AND (length(actor) <= 255))),
     CONSTRAINT jobs_attempt_check CHECK ((attempt >= 0)),
     CONSTRAINT jobs_cancel_phase_check CHECK (((cancel_phase >= 0) AND (cancel_phase <= 2))),
@@ -223,7 +277,10 @@ CREATE TABLE taskq.jobs (
     CONSTRAINT jobs_terminal_has_finished_at CHECK (((status <> ALL (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text, 'crashed'::text, 'abandoned'::text])) OR (finished_at IS NOT NULL))),
     CONSTRAINT jobs_unique_key_text CHECK (((unique_key <> ''::text) AND (length(unique_key) <= 255))),
     CONSTRAINT jobs_unique_scope_known CHECK ((unique_scope = ANY (ARRAY['active'::text, 'retained'::text]))),
-    CONSTRAINT jobs_unique_scope_with_key CHECK (((unique_key IS NULL) = (unique_scope IS NULL)))
+    CONSTRAINT jobs_unique_scope_with_key CHECK (((unique_key IS NULL) = (unique_scope IS NULL))),
+    CONSTRAINT jobs_wait_kind_known CHECK ((wait_kind = ANY (ARRAY['sleep'::text, 'signal'::text]))),
+    CONSTRAINT jobs_wait_signal_text CHECK (((wait_signal <> ''::text) AND (length(wait_signal) <= 200) AND (wait_signal !~ '[[:cntrl:]]'::text))),
+    CONSTRAINT jobs_wait_signal_with_kind CHECK (((wait_signal IS NULL) OR (wait_kind = 'signal'::text)))
 )
 WITH (fillfactor='70', autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='10000', vacuum_index_cleanup='on');
 
@@ -260,6 +317,10 @@ CREATE INDEX jobs_running_scope_idx ON taskq.jobs USING btree (queue, actor, con
 CREATE INDEX jobs_tags_idx ON taskq.jobs USING gin (tags);
 
 CREATE UNIQUE INDEX jobs_unique_key_idx ON taskq.jobs USING btree (unique_key) WHERE ((unique_key IS NOT NULL) AND ((unique_scope = 'retained'::text) OR (status = ANY (ARRAY['pending'::text, 'scheduled'::text, 'running'::text]))));
+
+CREATE INDEX jobs_waiting_idx ON taskq.jobs USING btree (wait_kind, scheduled_at) WHERE ((status = 'scheduled'::text) AND (wait_kind IS NOT NULL));
+
+CREATE INDEX jobs_workflow_idx ON taskq.jobs USING btree (workflow_id) WHERE (workflow_id IS NOT NULL);
 
 CREATE TABLE taskq.lease_losses (
     worker_id text NOT NULL,
@@ -684,6 +745,33 @@ CREATE FUNCTION taskq.delete_terminal_jobs(p_ids uuid[], OUT jobs bigint, OUT ev
         DELETE FROM taskq.job_dependencies AS d USING gone AS g WHERE d.child_id = g.id OR d.parent_id = g.id
     ), backlog AS (
         DELETE FROM taskq.dependency_backlog AS b USING gone AS g WHERE g.has_dependents AND b.parent_id = g.id
+    )
+    SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM ev)
+$$;
+
+CREATE FUNCTION taskq.delete_terminal_jobs_v17(p_ids uuid[], OUT jobs bigint, OUT events bigint) RETURNS record
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog'
+    AS $$
+    WITH gone AS (
+        DELETE FROM taskq.jobs AS j
+        WHERE j.id = ANY(p_ids) AND j.status IN ('succeeded', 'cancelled', 'failed', 'crashed', 'abandoned')
+          AND NOT (j.has_dependents AND EXISTS (
+              SELECT 1 FROM taskq.job_dependencies AS d JOIN taskq.jobs AS c ON c.id = d.child_id
+              WHERE d.parent_id = j.id
+                AND c.status NOT IN ('succeeded', 'cancelled', 'failed', 'crashed', 'abandoned')))
+        RETURNING j.id, j.has_dependents
+    ), ev AS (
+        DELETE FROM taskq.job_events AS e USING gone AS g WHERE e.job_id = g.id
+        RETURNING 1
+    ), edges AS (
+        DELETE FROM taskq.job_dependencies AS d USING gone AS g WHERE d.child_id = g.id OR d.parent_id = g.id
+    ), backlog AS (
+        DELETE FROM taskq.dependency_backlog AS b USING gone AS g WHERE g.has_dependents AND b.parent_id = g.id
+    ), steps AS (
+        DELETE FROM taskq.job_steps AS s USING gone AS g WHERE s.job_id = g.id
+    ), signals AS (
+        DELETE FROM taskq.job_signals AS s USING gone AS g WHERE s.job_id = g.id
     )
     SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM ev)
 $$;
@@ -1640,6 +1728,16 @@ BEGIN
     RETURN total;
 END $$;
 
+CREATE FUNCTION taskq.signal_ready_v17(p_job uuid, p_name text) RETURNS boolean
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog'
+    AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM taskq.job_signals AS s
+                   WHERE s.job_id = p_job AND s.name = p_name AND s.consumed_at IS NULL);
+END
+$$;
+
 CREATE FUNCTION taskq.token_create_v15(p_name text, p_token_hash text, p_grants text[], p_os_user text) RETURNS TABLE(name text, grants text[], created_at timestamp with time zone, created_by text, last_used_at timestamp with time zone, revoked_at timestamp with time zone)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog'
@@ -1734,6 +1832,7 @@ REVOKE ALL ON FUNCTION taskq.delete_finished_attempts(p_jobs uuid[], p_epochs bi
 REVOKE ALL ON FUNCTION taskq.delete_operator_audit(p_ids bigint[], p_keep double precision, OUT audit bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION taskq.delete_operator_requests(p_principals text[], p_keys text[], p_keep double precision, OUT receipts bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION taskq.delete_terminal_jobs(p_ids uuid[], OUT jobs bigint, OUT events bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION taskq.delete_terminal_jobs_v17(p_ids uuid[], OUT jobs bigint, OUT events bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION taskq.note_settled() FROM PUBLIC;
 REVOKE ALL ON FUNCTION taskq.record_lease_loss() FROM PUBLIC;
 REVOKE ALL ON FUNCTION taskq.revive_dependents(p_ids uuid[], p_reason text) FROM PUBLIC;

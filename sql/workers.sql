@@ -119,6 +119,7 @@ WITH expired AS (
         revision = j.revision + 1,
         status = v.status,
         worker_id = CASE WHEN v.status = 'scheduled' THEN NULL ELSE j.worker_id END,
+        wait_kind = NULL, wait_signal = NULL,
         lock_expires_at = NULL,
         cancel_phase = CASE WHEN v.status = 'scheduled' THEN 0 ELSE j.cancel_phase END,
         finished_at = CASE WHEN v.status = 'scheduled' THEN NULL ELSE now() END,

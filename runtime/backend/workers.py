@@ -67,6 +67,10 @@ class Finish:
     trace_first: str | None = None
     """With a retry (or snooze) of a traced attempt: the JSON object merged into the row's trace_context
     (tracing.FIRST_ATTEMPT: the attempt's span) that the later attempts link to."""
+    wait_kind: str | None = None
+    """A sleep ('sleep') or a wait for a signal ('signal', named `wait_signal`): outcome 'sleeping' or 'waiting',
+    status RETRY, retry_delay until the wake-up (inf: none)."""
+    wait_signal: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +281,11 @@ class WorkerStore:
     async def finish_batch(self, items: Sequence[Finish]) -> dict[UUID, str]:
         """Write many outcomes in one statement; returns id -> status written, for the rows whose fence
         held (a retry over an operator's cancel request is written as 'cancelled')."""
+        async with self.pool.connection() as conn:
+            return await self.finish_batch_in(conn, items)
+
+    async def finish_batch_in(self, conn: AsyncConnection[Any], items: Sequence[Finish]) -> dict[UUID, str]:
+        """finish_batch on `conn`, in whatever transaction it has open (ctx.transaction())."""
         params = {
             "worker_id": self.worker_id,
             "ids": [f.job_id for f in items],
@@ -290,10 +299,11 @@ class WorkerStore:
             "outcomes": [f.outcome for f in items],
             "details": [json.dumps(f.detail) if f.detail else None for f in items],
             "first_traces": [f.trace_first for f in items],
+            "wait_kinds": [f.wait_kind for f in items],
+            "wait_signals": [f.wait_signal for f in items],
         }
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(sql.query("job_finish_batch"), params)
-            return {job_id: status for job_id, status in await cur.fetchall()}
+        cur = await conn.execute(sql.query("job_finish_batch"), params)
+        return {job_id: status for job_id, status in await cur.fetchall()}
 
     async def release_batch(self, held: Sequence[tuple[UUID, int, int]],
                             unsafe: Sequence[bool] | None = None) -> dict[UUID, str]:

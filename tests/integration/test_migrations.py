@@ -20,6 +20,7 @@ EXPECTED_TABLES = {
     "jobs", "job_events", "job_attempts", "workers", "lease_losses", "schema_migrations", "schedules",
     "api_tokens", "operator_requests", "operator_audit", "job_dependencies", "dependency_backlog",
     "queues", "actor_limits", "queue_events", "rate_starts", "web_sessions", "fair_queues", "fairness_weights",
+    "job_steps", "job_signals",
 }
 
 
