@@ -18,6 +18,7 @@ from typing_extensions import TypeVar
 from taskq import tracing, workflows
 from taskq.actors.declaration import Actor, ActorRegistry, default_registry
 from taskq.backend import Backend, JobBatch, JobInsert, transaction_pooler_from_env, uuid7_many
+from taskq.backend.durable import SignalRow, StepRow
 from taskq.backend.queues import UNSET
 from taskq.checks import as_job_id
 from taskq.dsn import resolve_dsn
@@ -48,6 +49,7 @@ from taskq.models import (
     SchedulePauseResult,
     ScheduleTriggerResult,
 )
+from taskq.ops import durable as durable_ops
 from taskq.ops import jobs as job_ops
 from taskq.ops import queues as queue_ops
 from taskq.ops import schedules as schedule_ops
@@ -390,16 +392,19 @@ class JobsClient:
         return await job_ops.cancel_jobs_where(self.backend, flt, reason, batch_size=batch_size)
 
     async def requeue(
-        self, job_id: UUID | str, *, reason: str | None = None, attempts: int | None = None, cascade: bool = False
+        self, job_id: UUID | str, *, reason: str | None = None, attempts: int | None = None, cascade: bool = False,
+        reset_steps: bool = False,
     ) -> RequeueResult:
         """Put a failed, crashed or abandoned job back to pending with `attempts` more attempts (default:
         its actor's max_attempts if registered here, else the job's own). attempt and claim_epoch are never
         lowered. Other statuses: nothing changes, `requeued` False. A unique key held by another job:
         nothing changes, `conflict_job_id` names it. KeyError if the job does not exist. `cascade`: the
         jobs the dependency cascade cancelled because of it (ParentFailed) wait for it again
-        (`revived` lists them)."""
+        (`revived` lists them). `reset_steps`: the rerun starts over, forgetting the steps, sleeps and
+        waits earlier attempts stored (kept by default, so that completed steps do not run again)."""
         return await job_ops.requeue_job(
-            self.backend, job_id, reason=reason, attempts=attempts, registry=self.registry, cascade=cascade
+            self.backend, job_id, reason=reason, attempts=attempts, registry=self.registry, cascade=cascade,
+            reset_steps=reset_steps,
         )
 
     async def requeue_where(
@@ -411,13 +416,31 @@ class JobsClient:
         batch_size: int = 1000,
         progress: job_ops.Progress | None = None,
         cascade: bool = False,
+        reset_steps: bool = False,
     ) -> BulkRequeueResult:
         """`requeue` every matching failed, crashed or abandoned job, in committed batches; counts by
         previous status, and the jobs left alone because their unique key is held (`conflicts`)."""
         return await job_ops.requeue_jobs_where(
             self.backend, flt, reason=reason, attempts=attempts, registry=self.registry,
-            batch_size=batch_size, progress=progress, cascade=cascade,
+            batch_size=batch_size, progress=progress, cascade=cascade, reset_steps=reset_steps,
         )
+
+    # -- durable jobs (taskq.ops.durable) -----------------------------------------------------------
+
+    async def signal(self, job_id: UUID | str, name: str, payload: Any = None) -> durable_ops.SignalResult:
+        """Send signal `name` with a JSON `payload` to the job. It is kept, in order, until a
+        `ctx.wait_for_signal(name)` of the job takes it (each signal once); a job suspended waiting for that
+        name is due at once. JobNotFound for an unknown id, SignalRefused for a job that has ended,
+        SignalInvalid for a bad name or payload (over 1 MiB): nothing is stored then."""
+        return await durable_ops.send_signal(self.backend, job_id, name, payload)
+
+    async def steps(self, job_id: UUID | str) -> list[StepRow]:
+        """The steps, sleeps and waits the job's attempts stored, oldest first."""
+        return await durable_ops.job_steps(self.backend, job_id)
+
+    async def signals(self, job_id: UUID | str) -> list[SignalRow]:
+        """The signals sent to the job, in order, with who took each."""
+        return await durable_ops.job_signals(self.backend, job_id)
 
     # -- dependencies (taskq.workflows) -----------------------------------------------------------
 

@@ -23,6 +23,7 @@ from taskq import tracing, workflows, workflows_sync
 from taskq.actors.declaration import Actor, ActorRegistry, default_registry
 from taskq.backend import JobBatch, JobInsert, transaction_pooler_from_env, uuid7_many
 from taskq.backend.core_sync import SyncBackend
+from taskq.backend.durable import SignalRow, StepRow
 from taskq.backend.queues import UNSET
 from taskq.checks import as_job_id
 from taskq.client import WAIT_POLL_INTERVAL, R, offset_skipped
@@ -49,6 +50,8 @@ from taskq.models import (
     SchedulePauseResult,
     ScheduleTriggerResult,
 )
+from taskq.ops import durable as durable_ops
+from taskq.ops import durable_sync as durable_ops_sync
 from taskq.ops import jobs as job_ops
 from taskq.ops import jobs_sync as job_ops_sync
 from taskq.ops import queues_sync as queue_ops_sync
@@ -410,16 +413,29 @@ class SyncJobsClient:
         return job_ops_sync.cancel_jobs_where(self.backend, flt, reason, batch_size=batch_size)
 
     def requeue(
-        self, job_id: UUID | str, *, reason: str | None = None, attempts: int | None = None, cascade: bool = False
+        self,
+        job_id: UUID | str,
+        *,
+        reason: str | None = None,
+        attempts: int | None = None,
+        cascade: bool = False,
+        reset_steps: bool = False,
     ) -> RequeueResult:
         """Put a failed, crashed or abandoned job back to pending with `attempts` more attempts (default:
         its actor's max_attempts if registered here, else the job's own). attempt and claim_epoch are never
         lowered. Other statuses: nothing changes, `requeued` False. A unique key held by another job:
         nothing changes, `conflict_job_id` names it. KeyError if the job does not exist. `cascade`: the
         jobs the dependency cascade cancelled because of it (ParentFailed) wait for it again
-        (`revived` lists them)."""
+        (`revived` lists them). `reset_steps`: the rerun starts over, forgetting the steps, sleeps and
+        waits earlier attempts stored (kept by default, so that completed steps do not run again)."""
         return job_ops_sync.requeue_job(
-            self.backend, job_id, reason=reason, attempts=attempts, registry=self.registry, cascade=cascade
+            self.backend,
+            job_id,
+            reason=reason,
+            attempts=attempts,
+            registry=self.registry,
+            cascade=cascade,
+            reset_steps=reset_steps,
         )
 
     def requeue_where(
@@ -431,6 +447,7 @@ class SyncJobsClient:
         batch_size: int = 1000,
         progress: job_ops.Progress | None = None,
         cascade: bool = False,
+        reset_steps: bool = False,
     ) -> BulkRequeueResult:
         """`requeue` every matching failed, crashed or abandoned job, in committed batches; counts by
         previous status, and the jobs left alone because their unique key is held (`conflicts`)."""
@@ -443,7 +460,25 @@ class SyncJobsClient:
             batch_size=batch_size,
             progress=progress,
             cascade=cascade,
+            reset_steps=reset_steps,
         )
+
+    # -- durable jobs (taskq.ops.durable) -----------------------------------------------------------
+
+    def signal(self, job_id: UUID | str, name: str, payload: Any = None) -> durable_ops.SignalResult:
+        """Send signal `name` with a JSON `payload` to the job. It is kept, in order, until a
+        `ctx.wait_for_signal(name)` of the job takes it (each signal once); a job suspended waiting for that
+        name is due at once. JobNotFound for an unknown id, SignalRefused for a job that has ended,
+        SignalInvalid for a bad name or payload (over 1 MiB): nothing is stored then."""
+        return durable_ops_sync.send_signal(self.backend, job_id, name, payload)
+
+    def steps(self, job_id: UUID | str) -> list[StepRow]:
+        """The steps, sleeps and waits the job's attempts stored, oldest first."""
+        return durable_ops_sync.job_steps(self.backend, job_id)
+
+    def signals(self, job_id: UUID | str) -> list[SignalRow]:
+        """The signals sent to the job, in order, with who took each."""
+        return durable_ops_sync.job_signals(self.backend, job_id)
 
     # -- dependencies (taskq.workflows) -----------------------------------------------------------
 

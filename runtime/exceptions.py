@@ -130,6 +130,54 @@ def snooze_seconds(delay: Any) -> float:
     return value
 
 
+class LeaseLost(TaskqError):
+    """The attempt no longer holds its job (its lease ran out and another attempt took the job over, or the
+    job was cancelled and forced): a step it tried to store, or the transaction of `ctx.transaction()`, was
+    refused and nothing of it was written. Raised inside the actor, which should stop: nothing more it
+    writes through the job can land."""
+
+
+class StepInvalid(NonRetryableError, ValueError):
+    """`ctx.step()` misused: a name that is empty, over 200 characters or with control characters, a name
+    used twice in one run, a function that is not callable, or a result that cannot be stored as JSON
+    (nothing was stored). The job fails at once: the same code would do the same again."""
+
+
+class SleepInvalid(NonRetryableError, ValueError):
+    """`ctx.sleep()` / `ctx.sleep_until()` / the timeout of `ctx.wait_for_signal()`: not a duration or a
+    time, negative, NaN, or more than ten years away. The job fails at once."""
+
+
+class SignalInvalid(ConfigurationError):
+    """A signal's name (empty, over 200 characters, control characters) or payload (not JSON, over 1 MiB)
+    is refused; nothing was stored."""
+
+
+class SignalRefused(TaskqError):
+    """A signal to a job that has ended (`status`): nothing was stored. (An unknown job: JobNotFound.)"""
+
+    def __init__(self, message: str, status: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class JobNotFound(TaskqError, KeyError):
+    """No job has this id."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "no such job"
+
+
+class SignalTimeout(TaskqError):
+    """`ctx.wait_for_signal(name, timeout=...)`: the timeout passed with no signal of that name. Raised in the
+    run after the timeout, and in every later run of the job at the same wait."""
+
+
+class TransactionInvalid(TaskqError, RuntimeError):
+    """`ctx.transaction()` misused: nested, used after the actor returned, or from a thread or process
+    actor (it is for async actors, whose connection lives in the worker)."""
+
+
 class JobFailed(TaskqError):
     """`JobHandle.wait()` saw the job end cancelled, failed, crashed or abandoned; `.row` is the final row."""
 

@@ -290,8 +290,12 @@ WITH target AS (
            jsonb_strip_nulls(jsonb_build_object(
                'reason', %(reason)s::text, 'origin', 'operator', 'claim_epoch', u.claim_epoch,
                'requeue_count', u.requeue_count, 'max_attempts_from', t.max_attempts,
-               'max_attempts_to', u.max_attempts, 'error_class', t.error_class))
+               'max_attempts_to', u.max_attempts, 'error_class', t.error_class,
+               'reset_steps', CASE WHEN %(reset_steps)s::bool THEN true END))
     FROM upd AS u JOIN target AS t ON t.id = u.id
+), steps AS (
+    -- reset_steps: the rerun starts over (sql/0017_durable_jobs.sql); signals not yet taken stay
+    DELETE FROM taskq.job_steps AS s USING upd AS u WHERE %(reset_steps)s::bool AND s.job_id = u.id
 )
 SELECT t.prev, u.id IS NOT NULL AS requeued, (SELECT id FROM holder) AS conflict_job_id,
        (CASE WHEN u.id IS NOT NULL THEN pg_notify('taskq_jobs', u.queue) END) IS NULL AS _n
@@ -356,8 +360,11 @@ WITH target AS (
            jsonb_strip_nulls(jsonb_build_object(
                'reason', %(reason)s::text, 'origin', 'operator', 'bulk', true, 'claim_epoch', u.claim_epoch,
                'requeue_count', u.requeue_count, 'max_attempts_from', d.max_attempts,
-               'max_attempts_to', u.max_attempts, 'error_class', d.error_class))
+               'max_attempts_to', u.max_attempts, 'error_class', d.error_class,
+               'reset_steps', CASE WHEN %(reset_steps)s::bool THEN true END))
     FROM upd AS u JOIN decided AS d ON d.id = u.id
+), steps AS (
+    DELETE FROM taskq.job_steps AS s USING upd AS u WHERE %(reset_steps)s::bool AND s.job_id = u.id
 ), notified AS (
     SELECT pg_notify('taskq_jobs', q.queue) FROM (SELECT DISTINCT queue FROM upd) AS q
 )

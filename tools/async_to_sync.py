@@ -67,6 +67,8 @@ MODULES = [
     Module("taskq.workflows"),
     Module("taskq.backend.queues"),
     Module("taskq.ops.queues"),
+    Module("taskq.backend.durable"),
+    Module("taskq.ops.durable"),
     Module("taskq.client", {"JobsClient": "SyncJobsClient", "JobHandle": "SyncJobHandle"}),
 ]
 

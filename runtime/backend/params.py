@@ -111,9 +111,12 @@ class RequeueParams:
     reason: str | None
     attempts: int | None
     actor_max_attempts: dict[str, int]
+    reset_steps: bool = False
+    """Forget the steps, sleeps and waits earlier attempts stored: the rerun starts over."""
 
     def params(self) -> dict[str, Any]:
         return {
+            "reset_steps": self.reset_steps,
             "reason": self.reason,
             "attempts": self.attempts,
             "actor_names": list(self.actor_max_attempts),

@@ -81,7 +81,8 @@ async def cancel_jobs_where(
 # -- requeue ----------------------------------------------------------------------------------------
 
 
-def requeue_params(reason: str | None, attempts: int | None, registry: ActorRegistry) -> RequeueParams:
+def requeue_params(reason: str | None, attempts: int | None, registry: ActorRegistry,
+                   reset_steps: bool = False) -> RequeueParams:
     """The checked reason and budget. Without `attempts`, each job gets its actor's max_attempts when
     the actor is registered in this process, else its own max_attempts again."""
     if attempts is not None and (
@@ -93,6 +94,7 @@ def requeue_params(reason: str | None, attempts: int | None, registry: ActorRegi
         reason=check_reason(reason),
         attempts=attempts,
         actor_max_attempts={a.name: a.max_attempts for a in registry},
+        reset_steps=_check_flag(reset_steps, "reset_steps"),
     )
 
 
@@ -104,15 +106,17 @@ async def requeue_job(
     attempts: int | None = None,
     registry: ActorRegistry,
     cascade: bool = False,
+    reset_steps: bool = False,
 ) -> RequeueResult:
     """Put a failed, crashed or abandoned job back to pending, due now, with `attempts` more attempts.
     `attempt` and `claim_epoch` are kept (never lowered), so no earlier attempt can write over the rerun.
     From any other status nothing changes (`requeued` False). If another job holds the job's unique key,
     nothing changes and `conflict_job_id` names it. KeyError if the job does not exist. `cascade`: in the
     same transaction, the jobs the dependency cascade cancelled because of it (ParentFailed, and theirs
-    down the graph) go back to awaiting_parents (`revived`)."""
+    down the graph) go back to awaiting_parents (`revived`). `reset_steps`: the steps, sleeps and waits its
+    earlier attempts stored are forgotten, so the rerun starts over (by default they are kept)."""
     jid = as_job_id(job_id)
-    params = requeue_params(reason, attempts, registry)
+    params = requeue_params(reason, attempts, registry, reset_steps)
     done = await backend.job_requeue(jid, params, cascade=_check_cascade(cascade))
     if done is None:
         raise KeyError(jid)
@@ -136,6 +140,7 @@ async def requeue_jobs_where(
     batch_size: int = 1000,
     progress: Progress | None = None,
     cascade: bool = False,
+    reset_steps: bool = False,
 ) -> BulkRequeueResult:
     """`requeue_job` for every matching failed, crashed or abandoned job, in committed batches of
     `batch_size` in id order. Jobs whose unique key another job holds are left as they are and listed
@@ -143,7 +148,7 @@ async def requeue_jobs_where(
     similar."""
     check_filter(flt, "requeue", "name what to requeue, e.g. JobFilter(statuses=('failed',))")
     check_batch_size(batch_size)
-    params = requeue_params(reason, attempts, registry)
+    params = requeue_params(reason, attempts, registry, reset_steps)
     _check_cascade(cascade)
     revived: list[UUID] = []
     counts: dict[JobStatus, int] = {}
@@ -173,6 +178,10 @@ async def requeue_jobs_where(
 
 
 def _check_cascade(cascade: bool) -> bool:
-    if not isinstance(cascade, bool):
-        raise ConfigurationError(f"cascade must be True or False, got {cascade!r}")
-    return cascade
+    return _check_flag(cascade, "cascade")
+
+
+def _check_flag(value: bool, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{name} must be True or False, got {value!r}")
+    return value

@@ -63,15 +63,17 @@ def requeue_job(
     attempts: int | None = None,
     registry: ActorRegistry,
     cascade: bool = False,
+    reset_steps: bool = False,
 ) -> RequeueResult:
     """Put a failed, crashed or abandoned job back to pending, due now, with `attempts` more attempts.
     `attempt` and `claim_epoch` are kept (never lowered), so no earlier attempt can write over the rerun.
     From any other status nothing changes (`requeued` False). If another job holds the job's unique key,
     nothing changes and `conflict_job_id` names it. KeyError if the job does not exist. `cascade`: in the
     same transaction, the jobs the dependency cascade cancelled because of it (ParentFailed, and theirs
-    down the graph) go back to awaiting_parents (`revived`)."""
+    down the graph) go back to awaiting_parents (`revived`). `reset_steps`: the steps, sleeps and waits its
+    earlier attempts stored are forgotten, so the rerun starts over (by default they are kept)."""
     jid = as_job_id(job_id)
-    params = requeue_params(reason, attempts, registry)
+    params = requeue_params(reason, attempts, registry, reset_steps)
     done = backend.job_requeue(jid, params, cascade=_check_cascade(cascade))
     if done is None:
         raise KeyError(jid)
@@ -95,6 +97,7 @@ def requeue_jobs_where(
     batch_size: int = 1000,
     progress: Progress | None = None,
     cascade: bool = False,
+    reset_steps: bool = False,
 ) -> BulkRequeueResult:
     """`requeue_job` for every matching failed, crashed or abandoned job, in committed batches of
     `batch_size` in id order. Jobs whose unique key another job holds are left as they are and listed
@@ -102,7 +105,7 @@ def requeue_jobs_where(
     similar."""
     check_filter(flt, "requeue", "name what to requeue, e.g. JobFilter(statuses=('failed',))")
     check_batch_size(batch_size)
-    params = requeue_params(reason, attempts, registry)
+    params = requeue_params(reason, attempts, registry, reset_steps)
     _check_cascade(cascade)
     revived: list[UUID] = []
     counts: dict[JobStatus, int] = {}
