@@ -388,6 +388,56 @@ class ChildJobContext(Generic[P]):
 
     parent_results_sync = parent_results
 
+    # durable jobs: the step's function runs here, in the child; what is stored, and the sleeps and waits,
+    # are the worker's (its JobContext does them on its loop, fenced by this attempt)
+
+    def step(self, name: str, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        """As JobContext.step, synchronous: runs `fn` here once per job, its result stored by the worker."""
+        from taskq.context import dump_step_result, return_adapter
+        from taskq.exceptions import StepInvalid
+
+        if not callable(fn):
+            raise StepInvalid(f"step {name!r}: {fn!r} is not callable")
+        found, result = self._child.request("step_lookup", self._job, name)
+        adapter = return_adapter(fn)
+        if found:
+            return adapter.validate_python(result)
+        value = fn(*args, **kwargs)
+        if asyncio.iscoroutine(value):  # an async def step in a process actor: run it here
+            value = asyncio.run(value)
+        raw = dump_step_result(adapter, name, value)
+        self._child.request("step_store", self._job, name, raw)
+        return adapter.validate_json(raw)
+
+    def sleep(self, duration: Any) -> None:
+        """As JobContext.sleep: ends the attempt (raises JobSuspended) unless the sleep is over."""
+        from taskq.context import _seconds
+
+        self._child.request("sleep", self._job, _seconds(duration, "sleep duration"), None)
+
+    def sleep_until(self, when: datetime) -> None:
+        from taskq.exceptions import SleepInvalid
+
+        if not isinstance(when, datetime) or when.tzinfo is None:
+            raise SleepInvalid(f"sleep_until needs an aware datetime (with a tzinfo), got {when!r}")
+        self._child.request("sleep", self._job, None, when)
+
+    def wait_for_signal(self, name: str, timeout: Any = None) -> Any:
+        """As JobContext.wait_for_signal: the payload, or the attempt ends waiting (JobSuspended)."""
+        from taskq.context import _seconds
+        from taskq.exceptions import StepInvalid
+        from taskq.ops.durable import check_name
+
+        check_name(name, "signal", StepInvalid)
+        seconds = None if timeout is None else _seconds(timeout, "signal timeout")
+        return self._child.request("wait", self._job, name, seconds)
+
+    def transaction(self) -> Any:
+        from taskq.exceptions import TransactionInvalid
+
+        raise TransactionInvalid("ctx.transaction() is for async actors (the connection lives in the worker's "
+                                 "event loop); write in a step instead from a process actor")
+
 
 def child_main(sock: socket.socket, parent_pid: int, preload: Sequence[str], log_level: int,
                log_format: str = "text") -> None:

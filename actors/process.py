@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from taskq import tracing
 from taskq.actors.child import HEADER, JobKey, child_main, encode_frame, pickle_exception
 from taskq.actors.thread import stand_in_error
+from taskq.context import JobSuspended
 from taskq.exceptions import ChildProcessDied
 from taskq.logs import current_log_format
 
@@ -376,7 +377,7 @@ class ProcessExecutor:
         if kind in ("result", "error", "cancelled"):
             if child.outcome is not None and not child.outcome.done():
                 child.outcome.set_result(message)
-        elif kind in ("progress", "enqueue", "parent_results"):
+        elif kind in ("progress", "enqueue", "parent_results", "step_lookup", "step_store", "sleep", "wait"):
             task = asyncio.get_running_loop().create_task(self._answer(child, child.entry, message))
             child.answers.add(task)
             task.add_done_callback(child.answers.discard)
@@ -393,11 +394,19 @@ class ProcessExecutor:
                 await entry.ctx.progress(data, message=text)
             elif kind == "parent_results":
                 value = await entry.ctx.parent_results()
+            elif kind == "step_lookup":
+                value = await entry.ctx._step_lookup(args[0])
+            elif kind == "step_store":
+                await entry.ctx._step_store(args[0], args[1])
+            elif kind == "sleep":
+                await entry.ctx._sleep_async(args[0], args[1])
+            elif kind == "wait":
+                value = await entry.ctx._wait_async(args[0], args[1])
             else:
                 target, payload, options = args
                 handle = await entry.ctx.jobs.enqueue(target, payload, **options)
                 value = (handle.row, handle.created)
-        except Exception as exc:
+        except (Exception, JobSuspended) as exc:  # a sleep or a wait ends the attempt: the child raises it too
             error = pickle_exception(exc) or pickle_exception(RuntimeError(f"{type(exc).__name__}: {exc}"))
         if child.key == key:
             child.send(("reply", seq, value, error))

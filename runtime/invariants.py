@@ -34,6 +34,9 @@ INVARIANTS: dict[str, str] = {
     "inv_parents_remaining_matches_edges": "a waiting job's remaining-parents count agrees with its edges",
     "inv_global_limit": "no global concurrency limit (queue, actor, per key) is exceeded now",
     "inv_class_capacity": "no worker held more jobs of an isolation class than its capacity",
+    "inv_step_by_holder": "no step stored by an attempt other than the one holding the job at that moment",
+    "inv_signal_taken_once": "no signal taken twice: each taken signal held by exactly the one wait that took it",
+    "inv_suspended_holds_nothing": "no sleeping or signal-waiting job holds a worker or a lease",
 }
 
 

@@ -78,6 +78,12 @@ ALTER TABLE taskq.job_events ADD CONSTRAINT job_events_kind_check CHECK (kind IN
     'state_change', 'cancel_requested', 'progress', 'note', 'snoozed', 'requeued', 'operator',
     'step', 'signal', 'sleeping', 'waiting')) NOT VALID;
 
+-- an attempt can end in a sleep or a wait for a signal
+ALTER TABLE taskq.job_attempts DROP CONSTRAINT IF EXISTS job_attempts_outcome_check;
+ALTER TABLE taskq.job_attempts ADD CONSTRAINT job_attempts_outcome_check CHECK (outcome IN (
+    'succeeded', 'failed', 'retried', 'cancelled', 'abandoned', 'interrupted', 'crashed', 'stale',
+    'snoozed', 'sleeping', 'waiting')) NOT VALID;
+
 -- Is a signal named p_name waiting to be taken by job p_job? VOLATILE on purpose: called from the finish
 -- that suspends a job, after that statement got the row lock, it reads with a snapshot taken then, and so
 -- sees a signal whose sender held the row while the finish waited for it.

@@ -40,7 +40,8 @@ SELECT (SELECT count(*) FROM j) AS held,
 -- name: signal_take
 -- The n-th wait of a run for signal `name` (wait = '<name>#<n>'): take the oldest signal of that name not
 -- yet taken, for the attempt that holds the job (fenced as step_save), and remember it as the wait's
--- result, so that a later attempt's same wait returns the same payload. No signal: nothing changes.
+-- result, so that a later attempt's same wait returns the same payload (the row then names the attempt that
+-- took it, at that time). No signal: nothing changes.
 WITH j AS (
     SELECT id FROM taskq.jobs
     WHERE id = %(job_id)s AND coalesce(status, '') = 'running' AND attempt = %(attempt)s
@@ -63,7 +64,8 @@ WITH j AS (
            jsonb_build_object('payload', k.payload, 'signal_id', k.id)
     FROM took AS k
     ON CONFLICT (job_id, kind, name) DO UPDATE
-        SET result = EXCLUDED.result, attempt = EXCLUDED.attempt, claim_epoch = EXCLUDED.claim_epoch
+        SET result = EXCLUDED.result, attempt = EXCLUDED.attempt, claim_epoch = EXCLUDED.claim_epoch,
+            created_at = now()
 )
 SELECT (SELECT count(*) FROM j) AS held, k.id AS signal_id, k.payload
 FROM (SELECT 1) AS one LEFT JOIN took AS k ON true;
@@ -77,7 +79,8 @@ WITH j AS (
       AND claim_epoch = %(claim_epoch)s
     FOR SHARE
 ), st AS (
-    UPDATE taskq.job_steps AS t SET result = '{"timeout": true}'::jsonb
+    UPDATE taskq.job_steps AS t SET result = '{"timeout": true}'::jsonb, attempt = %(attempt)s,
+        claim_epoch = %(claim_epoch)s, created_at = now()
     FROM j WHERE t.job_id = j.id AND t.kind = 'signal' AND t.name = %(wait)s AND t.result IS NULL
 )
 SELECT count(*) AS held FROM j;
@@ -130,3 +133,11 @@ ORDER BY id;
 -- Forget what these jobs' earlier attempts stored (requeue with reset_steps=True): their next run starts
 -- over. Signals stay: the ones not yet taken wait for the next run.
 DELETE FROM taskq.job_steps WHERE job_id = ANY(%(ids)s::uuid[]);
+
+-- name: job_tx_fence
+-- The end of a `ctx.transaction()` block, inside the actor's transaction: lock the job's row if this attempt
+-- still holds it, so that nothing can take it before the job's success commits in the same transaction. No
+-- row: the attempt lost the job, and the transaction rolls back.
+SELECT 1 FROM taskq.jobs
+WHERE id = %(id)s AND coalesce(status, '') = 'running' AND attempt = %(attempt)s AND claim_epoch = %(claim_epoch)s
+FOR NO KEY UPDATE;

@@ -68,13 +68,14 @@ GROUP BY j.id, j.interrupt_count
 HAVING count(e.id) <> j.interrupt_count;
 
 -- name: inv_timeline_chained
--- A job that left the queue has a timeline; each state change (a requeue or a snooze is one) starts where
+-- A job that left the queue has a timeline; each state change (a requeue, a snooze, a sleep or a wait for a
+-- signal is one) starts where
 -- the previous one ended, and the last one ends at the row's status.
 WITH changes AS (
     SELECT e.job_id, e.id, e.at, e.from_status, e.to_status,
            lag(e.to_status) OVER w AS prev_to, lag(e.at) OVER w AS prev_at
     FROM taskq.job_events AS e
-    WHERE e.kind IN ('state_change', 'requeued', 'snoozed')
+    WHERE e.kind IN ('state_change', 'requeued', 'snoozed', 'sleeping', 'waiting')
     WINDOW w AS (PARTITION BY e.job_id ORDER BY e.id)
 ), broken AS (
     SELECT job_id, format('event %%s goes %%s -> %%s after -> %%s', id, from_status, to_status, prev_to) AS detail
@@ -282,6 +283,50 @@ SELECT DISTINCT ON (c.worker_id, c.cls) c.job_id,
 FROM counted AS c JOIN w ON w.id = c.worker_id
 WHERE c.delta = 1 AND c.n > (w.bound ->> c.cls)::int
 ORDER BY c.worker_id, c.cls, c.n DESC, c.at;
+
+-- name: inv_step_by_holder
+-- A step, sleep or wait is stored only by the attempt that held the job at that moment (sql/durable.sql
+-- fences it): the attempt and claim epoch it names are one of the job's claims, it was stored after that
+-- claim, and no later claim of the job started before it was stored.
+SELECT s.job_id, format('%%s %%s stored by attempt %%s epoch %%s at %%s: %%s', s.kind, s.name, s.attempt,
+                        s.claim_epoch, s.created_at,
+                        CASE WHEN a.job_id IS NULL THEN 'no such claim'
+                             WHEN s.created_at < a.started_at THEN 'before that claim'
+                             ELSE 'after a later claim started' END) AS detail
+FROM taskq.job_steps AS s
+LEFT JOIN taskq.job_attempts AS a
+       ON a.job_id = s.job_id AND a.claim_epoch = s.claim_epoch AND a.attempt = s.attempt
+WHERE a.job_id IS NULL OR s.created_at < a.started_at
+   OR EXISTS (SELECT 1 FROM taskq.job_attempts AS later
+              WHERE later.job_id = s.job_id AND later.claim_epoch > s.claim_epoch
+                AND later.started_at < s.created_at);
+
+-- name: inv_signal_taken_once
+-- Every signal taken was taken once, by one wait that remembers it: a taken signal names the wait that took
+-- it, and exactly one stored wait of its job holds its id; no wait holds a signal that is not marked taken.
+SELECT g.job_id, format('signal %%s (%%s) taken by %%s, held by %%s waits', g.id, g.name, g.consumed_by,
+                        (SELECT count(*) FROM taskq.job_steps AS s
+                         WHERE s.job_id = g.job_id AND s.kind = 'signal'
+                           AND (s.result ->> 'signal_id')::bigint = g.id)) AS detail
+FROM taskq.job_signals AS g
+WHERE g.consumed_at IS NOT NULL
+  AND (SELECT count(*) FROM taskq.job_steps AS s
+       WHERE s.job_id = g.job_id AND s.kind = 'signal' AND s.name = g.consumed_by
+         AND (s.result ->> 'signal_id')::bigint = g.id) <> 1
+UNION ALL
+SELECT s.job_id, format('wait %%s holds signal %%s, which is not marked taken by it', s.name,
+                        s.result ->> 'signal_id')
+FROM taskq.job_steps AS s
+WHERE s.kind = 'signal' AND s.result ? 'signal_id'
+  AND NOT EXISTS (SELECT 1 FROM taskq.job_signals AS g
+                  WHERE g.id = (s.result ->> 'signal_id')::bigint AND g.job_id = s.job_id
+                    AND g.consumed_by = s.name);
+
+-- name: inv_suspended_holds_nothing
+-- A job suspended in a sleep or a wait for a signal holds no worker and no lease.
+SELECT id AS job_id, format('suspended (%%s) but held by %%s until %%s', wait_kind, worker_id, lock_expires_at)
+FROM taskq.jobs
+WHERE status = 'scheduled' AND wait_kind IS NOT NULL AND (worker_id IS NOT NULL OR lock_expires_at IS NOT NULL);
 
 -- name: inv_summary_status
 SELECT status, count(*) AS n FROM taskq.jobs GROUP BY status ORDER BY status;

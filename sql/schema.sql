@@ -107,7 +107,7 @@ CREATE TABLE taskq.job_attempts (
 );
 
 ALTER TABLE taskq.job_attempts
-    ADD CONSTRAINT job_attempts_outcome_check CHECK ((outcome = ANY (ARRAY['succeeded'::text, 'failed'::text, 'retried'::text, 'cancelled'::text, 'abandoned'::text, 'interrupted'::text, 'crashed'::text, 'stale'::text, 'snoozed'::text]))) NOT VALID;
+    ADD CONSTRAINT job_attempts_outcome_check CHECK ((outcome = ANY (ARRAY['succeeded'::text, 'failed'::text, 'retried'::text, 'cancelled'::text, 'abandoned'::text, 'interrupted'::text, 'crashed'::text, 'stale'::text, 'snoozed'::text, 'sleeping'::text, 'waiting'::text]))) NOT VALID;
 
 ALTER TABLE ONLY taskq.job_attempts
     ADD CONSTRAINT job_attempts_pkey PRIMARY KEY (job_id, claim_epoch);

@@ -7,27 +7,34 @@ import asyncio
 import functools
 import json
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from taskq import tracing, workflows
 from taskq.actors.declaration import Actor, ActorRegistry
 from taskq.actors.executors import Executor
+from taskq.backend import durable as durable_store
 from taskq.backend.workers import RETRY, ClaimedJob, Finish
 from taskq.client import JobHandle
-from taskq.context import JobContext
+from taskq.context import SLEEP, JobContext, JobSuspended
 from taskq.enqueue import encode_payload, prepare_insert
-from taskq.exceptions import DependencyInvalid, PayloadInvalid, ResultInvalid, Snooze
+from taskq.exceptions import DependencyInvalid, LeaseLost, PayloadInvalid, ResultInvalid, Snooze
 from taskq.metrics import JOB_DURATION, JOBS_COMPLETED, JOBS_SNOOZED
 from taskq.models import CancelMarker, CancelOrigin, CancelPhase, JobStatus
+from taskq.worker import transaction as job_tx
 from taskq.worker.hooks import Hooks
 from taskq.worker.registry import ActiveJob
 
 if TYPE_CHECKING:
+    from psycopg import AsyncConnection
+
     from taskq.backend import Backend
+    from taskq.backend.durable import StoredStep, TakenSignal
     from taskq.backend.workers import WorkerStore
     from taskq.logs import JobLines
     from taskq.worker.completer import Completer
@@ -116,7 +123,8 @@ class Consumers:
         self._job_log = job_log
         self.tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._completed = {s: JOBS_COMPLETED.labels(status=s) for s in (*TERMINAL_NAMES, "retried", "snoozed")}
+        self._completed = {s: JOBS_COMPLETED.labels(status=s)
+                           for s in (*TERMINAL_NAMES, "retried", "snoozed", "suspended")}
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -142,6 +150,8 @@ class Consumers:
         try:
             await self._execute(entry)
         finally:
+            if entry.ctx is not None and entry.ctx.transaction_conn is not None:
+                await job_tx.abandon(entry.ctx)  # the actor failed or was stopped with its transaction open
             for timer in entry.timers:
                 timer.cancel()
             if entry.cancel_phase < CancelPhase.ABANDON_PENDING:
@@ -221,23 +231,36 @@ class Consumers:
             if self._job_log is not None:
                 self._job_log.started(job)
             started = loop.time()
+            ctx = entry.ctx
             try:
                 result = await entry.executor.run(entry)
             except asyncio.CancelledError:
+                ctx.returned = True
                 operator = entry.cancel_origin is CancelOrigin.OPERATOR
                 self._ended(span, job, started, "cancelled" if operator else "stopped",
                             cancel_marker(entry).value if operator else None, entry.cancel_origin or entry.stop_cause)
                 await self._on_cancelled(entry, actor)
                 raise
-            except Snooze as snooze:
-                self._ended(span, job, started, "snoozed", None, f"for {snooze.delay:g} s")
-                await self._on_snooze(entry, actor, snooze)
-            except Exception as exc:
-                self._ended(span, job, started, "failed", type(exc).__name__, type(exc).__name__)
-                await self._on_failure(entry, actor, exc)
+            except (Exception, JobSuspended) as exc:
+                ctx.returned = True
+                if ctx.suspension is not None:  # a sleep or a wait, whatever the actor raised on its way out
+                    self._ended(span, job, started, "suspended", None, str(ctx.suspension))
+                    await self._on_suspend(entry, actor, ctx.suspension)
+                elif isinstance(exc, Snooze):
+                    self._ended(span, job, started, "snoozed", None, f"for {exc.delay:g} s")
+                    await self._on_snooze(entry, actor, exc)
+                else:
+                    failure = exc if isinstance(exc, Exception) else RuntimeError(str(exc))
+                    self._ended(span, job, started, "failed", type(exc).__name__, type(exc).__name__)
+                    await self._on_failure(entry, actor, failure)
             else:
-                self._ended(span, job, started, "succeeded", None, None)
-                await self._on_success(entry, actor, result)
+                ctx.returned = True
+                if ctx.suspension is not None:  # the actor caught the suspension and returned
+                    self._ended(span, job, started, "suspended", None, str(ctx.suspension))
+                    await self._on_suspend(entry, actor, ctx.suspension)
+                else:
+                    self._ended(span, job, started, "succeeded", None, None)
+                    await self._on_success(entry, actor, result)
 
     def _ended(self, span: Any, job: ClaimedJob, started: float, outcome: str, error_type: str | None,
                detail: str | None) -> None:
@@ -285,10 +308,18 @@ class Consumers:
             ))
             return
         detail = {"cancel_requested": True} if entry.cancel_origin is CancelOrigin.OPERATOR else None
-        written = await self._write(entry, Finish(
+        finish = Finish(
             job_id=job.id, attempt=job.attempt, claim_epoch=job.claim_epoch, status="succeeded",
             outcome="succeeded", result_json=result_json, detail=detail,
-        ))
+        )
+        if entry.ctx is not None and entry.ctx.transaction_conn is not None:
+            # ctx.transaction(): the success commits in the actor's own transaction, or nothing of it does
+            entry.finishing = True
+            written = await job_tx.commit_with(entry.ctx, self._store, finish)
+            if written is not None:
+                self._completed[written].inc()
+        else:
+            written = await self._write(entry, finish)
         if written and actor.on_success is not None:
             await self._hooks.run(actor.on_success, entry, actor.hook_timeout, "on_success")
 
@@ -309,6 +340,29 @@ class Consumers:
         if written == RETRY:
             JOBS_SNOOZED.inc()
         elif written == "cancelled" and actor.on_cancel is not None:
+            await self._hooks.run(actor.on_cancel, entry, actor.on_cancel_timeout, "on_cancel")
+
+    async def _on_suspend(self, entry: ActiveJob, actor: Actor[Any, Any], suspension: JobSuspended) -> None:
+        """A sleep or a wait for a signal: back to scheduled until its wake-up (no end for a wait without
+        timeout), its attempt given back, no worker, no lease. Written like a snooze: a stopping worker writes
+        it too, an operator's cancel wins, a lost lease writes nothing."""
+        job = entry.job
+        if entry.cancel_origin is CancelOrigin.OPERATOR:
+            await self._write_cancelled(entry, actor, detail={"raised": "JobSuspended"})
+            return
+        if entry.cancel_origin is CancelOrigin.LEASE_LOST:
+            return
+        until = suspension.until
+        delay = math.inf if until is None else max(0.0, (until - datetime.now(UTC)).total_seconds())
+        detail: dict[str, Any] = {"until": until.isoformat() if until is not None else None}
+        if suspension.signal is not None:
+            detail["signal"] = suspension.signal
+        written = await self._write(entry, Finish(
+            job_id=job.id, attempt=job.attempt, claim_epoch=job.claim_epoch, status=RETRY,
+            outcome="sleeping" if suspension.kind == SLEEP else "waiting", retry_delay=delay, detail=detail,
+            wait_kind=suspension.kind, wait_signal=suspension.signal,
+        ))
+        if written == "cancelled" and actor.on_cancel is not None:
             await self._hooks.run(actor.on_cancel, entry, actor.on_cancel_timeout, "on_cancel")
 
     async def _on_failure(self, entry: ActiveJob, actor: Actor[Any, Any], exc: Exception) -> None:
@@ -394,7 +448,7 @@ class Consumers:
             return None
         if written is not None:
             self._completed[written if written != RETRY else "snoozed" if finish.outcome == "snoozed"
-                            else "retried"].inc()
+                            else "suspended" if finish.wait_kind is not None else "retried"].inc()
         return written
 
     # -- ContextRuntime --------------------------------------------------------------------------
@@ -432,6 +486,51 @@ class Consumers:
 
     async def parent_results(self, ctx: JobContext[Any]) -> dict[Any, Any]:
         return await workflows.parent_results(self._backend, ctx.job_id, self._actors)
+
+    # durable jobs (taskq.context, sql/durable.sql): every write is fenced; a refused one means this attempt
+    # lost the job, and it stops as on any lost lease
+
+    async def load_steps(self, ctx: JobContext[Any]) -> list[StoredStep]:
+        async with self._backend.pool.connection() as conn:
+            return await durable_store.load_steps(conn, ctx.job_id)
+
+    async def save_step(self, ctx: JobContext[Any], kind: str, name: str, *, result_json: str | None = None,
+                        delay: float | None = None, wake_at: datetime | None = None
+                        ) -> tuple[datetime | None, bool]:
+        async with self._backend.pool.connection() as conn:
+            held, stored_wake, due = await durable_store.save_step(
+                conn, ctx.job_id, ctx.attempt, ctx.claim_epoch, kind=kind, name=name,
+                worker_id=self._store.worker_id, result_json=result_json, delay=delay, wake_at=wake_at)
+        if not held:
+            self._lost(ctx, f"{kind} {name!r} not stored")
+        return stored_wake, due
+
+    async def take_signal(self, ctx: JobContext[Any], name: str, wait: str) -> TakenSignal:
+        async with self._backend.pool.connection() as conn:
+            taken = await durable_store.take_signal(conn, ctx.job_id, ctx.attempt, ctx.claim_epoch,
+                                                    name=name, wait=wait)
+        if not taken.held:
+            self._lost(ctx, f"signal {name!r} not taken")
+        return taken
+
+    async def signal_timeout(self, ctx: JobContext[Any], wait: str) -> None:
+        async with self._backend.pool.connection() as conn:
+            held = await durable_store.signal_timeout(conn, ctx.job_id, ctx.attempt, ctx.claim_epoch, wait=wait)
+        if not held:
+            self._lost(ctx, f"the timeout of wait {wait!r} not stored")
+
+    def transaction(self, ctx: JobContext[Any]) -> AbstractAsyncContextManager[AsyncConnection[Any]]:
+        return job_tx.JobTransaction(ctx, self._backend.pool, lost=self._lost)
+
+    def _lost(self, ctx: JobContext[Any], what: str) -> NoReturn:
+        """A fenced durable write was refused: this attempt no longer holds the job. Stop it as on a lost
+        lease (nothing more is written for it) and tell the actor."""
+        log.warning("job %s attempt %d: %s, the attempt no longer holds the job; stopping it",
+                    ctx.job_id, ctx.attempt, what)
+        entry = self._registry.get(ctx.job_id)
+        if entry is not None and entry.ctx is ctx:
+            entry.drop_lease()
+        raise LeaseLost(f"job {ctx.job_id} attempt {ctx.attempt} no longer holds the job: {what}")
 
 
 __all__ = ["Consumers", "Executor", "Hooks", "cancel_marker", "decide_after_failure"]
