@@ -33,7 +33,7 @@ from typing import NoReturn
 import psycopg
 from psycopg_pool import PoolTimeout
 
-from taskq.cli import database, jobs, lifecycle, prune, queues, schedules, tokens, web, worker
+from taskq.cli import database, durable, jobs, lifecycle, prune, queues, schedules, tokens, web, worker
 from taskq.cli._base import ERROR_PREFIX, PROG, Command
 from taskq.dsn import scrub
 from taskq.embedded import INSTALL_HINT
@@ -79,6 +79,7 @@ COMMANDS: tuple[Command, ...] = (
     *lifecycle.commands(),
     jobs.JOBS,
     jobs.JOB,
+    *durable.commands(),
     *schedules.commands(),
     *queues.commands(),
     *prune.commands(),

@@ -116,12 +116,16 @@ def cmd_job(args: argparse.Namespace) -> int:
         events = await client.events(job_id)
         attempts = await client.attempts(job_id)
         edges = await cli_dependencies.read(client, job_id)
-        waiting = await queues.job_wait_reason(client.backend, job_id)
+        waiting = cli_output.suspension(handle.row) or await queues.job_wait_reason(client.backend, job_id)
+        steps = await client.steps(job_id)
+        signals = await client.signals(job_id)
         if args.json:
             emit(cli_output.to_json({"job": handle.row, "events": events, "attempts": attempts,
-                                     "dependencies": cli_dependencies.to_plain(edges), "waiting": waiting}))
+                                     "dependencies": cli_dependencies.to_plain(edges), "waiting": waiting,
+                                     "steps": steps, "signals": signals}))
         else:
             emit(cli_output.job_detail(handle.row, events, attempts, waiting=waiting) + "\n\n"
+                 + cli_output.durable_sections(steps, signals) + "\n\n"
                  + cli_output.printable(cli_dependencies.section(edges), newlines=True))
         return ExitCode.OK
 

@@ -33,7 +33,8 @@ def cmd_requeue(args: argparse.Namespace) -> int:
     async def body(client: JobsClient) -> int:
         if job_id is not None:
             try:
-                result = await client.requeue(job_id, reason=reason, attempts=args.attempts, cascade=args.cascade)
+                result = await client.requeue(job_id, reason=reason, attempts=args.attempts, cascade=args.cascade,
+                                              reset_steps=args.reset_steps)
             except KeyError:
                 raise NotFound(f"no job with id {job_id}") from None
             held_by = {"conflict_job_id": str(result.conflict_job_id)} if result.conflict_job_id else None
@@ -45,7 +46,7 @@ def cmd_requeue(args: argparse.Namespace) -> int:
         line = ProgressLine("requeue", enabled=not args.json)
         try:
             bulk = await client.requeue_where(flt, reason=reason, attempts=args.attempts, progress=line.update,
-                                              cascade=args.cascade)
+                                              cascade=args.cascade, reset_steps=args.reset_steps)
         finally:
             line.finish()
         await audit.record(client, "jobs:requeue", "requeued" if bulk.job_ids else "unchanged", reason=reason,
@@ -71,6 +72,9 @@ def commands() -> tuple[Command, ...]:
                 arg("--cascade", action="store_true",
                     help="also bring back the jobs the dependency cascade cancelled because of it "
                     "(ParentFailed): they wait for it again"),
+                arg("--reset-steps", action="store_true",
+                    help="start the rerun over: forget the steps, sleeps and waits its earlier attempts stored "
+                    "(by default completed steps return their stored results instead of running again)"),
                 *FILTER_ARGS,
                 JSON_ARG,
             ),

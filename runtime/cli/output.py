@@ -5,12 +5,13 @@ Pure formatting: takes models, returns text. Nothing here touches the database o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
 from taskq.models import (
     BulkCancelResult,
@@ -39,7 +40,7 @@ def printable(text: str, *, newlines: bool = False) -> str:
     return text.translate(_ESCAPED_KEEP_NEWLINES if newlines else _ESCAPED)
 
 
-def to_json(value: BaseModel | Sequence[BaseModel] | dict[str, Any]) -> str:
+def to_json(value: Any) -> str:
     """Models as indented JSON, the shape `model_dump(mode="json")` gives (UUIDs and times as strings)."""
     # json escapes C0 controls itself; C1 ones (CSI is one) pass through ensure_ascii=False
     return json.dumps(_plain(value), indent=2, ensure_ascii=False).translate(_JSON_C1)
@@ -48,6 +49,8 @@ def to_json(value: BaseModel | Sequence[BaseModel] | dict[str, Any]) -> str:
 def _plain(value: Any) -> Any:
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return TypeAdapter(type(value)).dump_python(value, mode="json")
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -188,6 +191,40 @@ def job_detail(row: JobRow, events: Sequence[JobEvent], attempts: Sequence[JobAt
             ],
         )))
     return "\n".join(lines)
+
+
+def suspension(row: JobRow) -> str | None:
+    """What a suspended job waits for: 'sleeping until T', 'waiting for signal NAME until T' (or with no
+    timeout); None for a job that is not suspended (wait_kind means something only while scheduled)."""
+    if row.status.value != "scheduled" or row.wait_kind is None:
+        return None
+    until = "with no timeout" if row.scheduled_at.year >= 9999 else f"until {when(row.scheduled_at)} UTC"
+    if row.wait_kind == "sleep":
+        return f"sleeping {until}"
+    return f"waiting for signal {row.wait_signal!r} {until}"
+
+
+def durable_sections(steps: Sequence[Any], signals: Sequence[Any]) -> str:
+    """`taskq job`: the steps, sleeps and waits its attempts stored, and the signals sent to it."""
+    lines = [f"steps ({len(steps)})"]
+    if steps:
+        lines.append(_indent(table(
+            ("stored (UTC)", "kind", "name", "attempt", "epoch", "result", "wakes (UTC)"),
+            [(when(s.created_at, precise=True), s.kind, s.name, s.attempt, s.claim_epoch,
+              _compact(s.result) if s.result is not None else None,
+              None if s.wake_at is None else "never" if s.wake_at.year >= 9999 else when(s.wake_at))
+             for s in steps],
+        )))
+    lines.append("")
+    lines.append(f"signals ({len(signals)})")
+    if signals:
+        lines.append(_indent(table(
+            ("sent (UTC)", "id", "name", "payload", "taken (UTC)", "by wait", "attempt"),
+            [(when(g.sent_at, precise=True), g.id, g.name, _compact(g.payload),
+              when(g.consumed_at, precise=True) if g.consumed_at else None, g.consumed_by, g.consumed_attempt)
+             for g in signals],
+        )))
+    return printable("\n".join(lines), newlines=True)
 
 
 def _transition(event: JobEvent) -> str | None:

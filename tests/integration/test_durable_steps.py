@@ -261,3 +261,38 @@ async def assert_invariants(dsn: str) -> None:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         report = await check_invariants(conn, stale_after=0)
     assert report.violations == [], report.render()
+
+
+@pytest.mark.parametrize("listens", [True, False])
+async def test_a_signal_wakes_the_waiting_job_by_notify_or_at_the_next_poll(dsn: str, client: JobsClient,
+                                                                          listens: bool) -> None:
+    # with LISTEN the wake-up must not wait for the poll (set long here); without it, one poll_interval
+    poll = 5.0 if listens else 0.5
+    overrides: dict[str, Any] = {"poll_interval": poll, "concurrency": 1}
+    if not listens:
+        overrides["transaction_pooler"] = True
+    async with running_worker(dsn, durable_registry(dsn), **overrides):
+        h = await client.enqueue("d.waiter", None)
+
+        async def waiting(attempt: int) -> bool:
+            row = (await client.get(h.job_id)).row  # type: ignore[union-attr]
+            return row.status.value == "scheduled" and row.wait_kind == "signal" and row.attempt == attempt
+
+        await wait_for(lambda: waiting(1), timeout=20)
+        # the one slot is free while it waits
+        q = await client.enqueue("d.quick", 3)
+        assert (await q.wait(timeout=15)).result == 3
+        await client.signal(h.job_id, "go", 1)
+        await wait_for(lambda: waiting(2), timeout=20)  # it took the first and waits for the second
+        sent = await client.signal(h.job_id, "go", 2)
+        assert (await h.wait(timeout=20)).result == [1, 2]
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            cur = await conn.execute(
+                "SELECT extract(epoch FROM a.started_at - s.sent_at) FROM taskq.job_signals AS s "
+                "JOIN taskq.job_attempts AS a ON a.job_id = s.job_id AND a.started_at > s.sent_at "
+                "WHERE s.id = %s ORDER BY a.started_at LIMIT 1", (sent.signal_id,))
+            (latency,) = await cur.fetchone()  # type: ignore[misc]
+        if listens:
+            assert latency < 1.0, f"woken after {latency:.3f} s: by the poll ({poll} s), not by the NOTIFY"
+        else:
+            assert latency < poll + 1.0, f"woken after {latency:.3f} s with a poll of {poll} s"
