@@ -55,3 +55,25 @@ async def wait_cancel(payload: float, ctx: JobContext[float]) -> float:
     it (`time.time()`); returning after a request is a success, so the result is kept."""
     await asyncio.wait_for(ctx.cancel_event.wait(), payload)
     return time.time()
+
+
+STEPS = "bench.steps"
+WAITER = "bench.waiter"
+
+
+def _noop_step() -> int:
+    return 1
+
+
+@actor(name=STEPS, registry=registry)
+async def steps(payload: int, ctx: JobContext[int]) -> None:
+    """The durable benchmark's job: `payload` no-op steps (each stored once, fenced)."""
+    for n in range(payload):
+        await ctx.step(str(n), _noop_step)
+
+
+@actor(name=WAITER, registry=registry)
+async def waiter(payload: int, ctx: JobContext[int]) -> float:
+    """The signal benchmark's job: waits for signal 'go', and returns the moment it resumed with it."""
+    await ctx.wait_for_signal("go")
+    return time.time()
