@@ -173,7 +173,7 @@ class SignalTimeout(TaskqError):
     run after the timeout, and in every later run of the job at the same wait."""
 
 
-class TransactionInvalid(TaskqError, RuntimeError):
+class TransactionInvalid(NonRetryableError, RuntimeError):
     """`ctx.transaction()` misused: nested, used after the actor returned, or from a thread or process
     actor (it is for async actors, whose connection lives in the worker)."""
 

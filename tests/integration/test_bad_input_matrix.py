@@ -27,7 +27,7 @@ import uuid
 import warnings
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -38,7 +38,7 @@ from psycopg import sql as pgsql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import BaseModel, ValidationError
 
-from taskq import Snooze, sql
+from taskq import JobContext, Snooze, sql
 from taskq.actors.declaration import ActorRegistry, actor
 from taskq.client import DEFAULT_MAX_PAYLOAD_BYTES, JobsClient
 from taskq.models import JobFilter
@@ -78,6 +78,32 @@ async def surrogate_result(payload: int) -> str:
 @actor(name="matrix.bad_snooze", registry=registry)
 async def bad_snooze(payload: str) -> None:
     raise Snooze(float(payload))  # e.g. "nan" or "-1": SnoozeInvalid, raised in the actor
+
+
+@actor(name="matrix.durable_misuse", registry=registry)
+async def durable_misuse(payload: str, ctx: JobContext[str]) -> None:
+    """Each payload misuses one durable call (issue 32): the job fails at once, nothing stored."""
+    if payload == "step-name-empty":
+        await ctx.step("", lambda: 1)
+    elif payload == "step-result-not-json":
+        await ctx.step("obj", lambda: object())
+    elif payload == "step-not-callable":
+        await ctx.step("x", 42)  # type: ignore[arg-type]
+    elif payload == "sleep-negative":
+        await ctx.sleep(-1)
+    elif payload == "sleep-nan":
+        await ctx.sleep(float("nan"))
+    elif payload == "sleep-eleven-years":
+        await ctx.sleep(timedelta(days=11 * 366))
+    elif payload == "sleep-until-naive":
+        await ctx.sleep_until(datetime(2030, 1, 1))  # noqa: DTZ001  (the bad input)
+    elif payload == "wait-timeout-negative":
+        await ctx.wait_for_signal("go", timeout=-5)
+    elif payload == "wait-name-control":
+        await ctx.wait_for_signal("a\x00b")
+    elif payload == "transaction-nested":
+        async with ctx.transaction(), ctx.transaction():
+            pass
 
 
 # -- the environment a case runs in -----------------------------------------------------------------
@@ -846,6 +872,73 @@ def _weight_cases() -> list[Case]:
 CASES += _weight_cases()
 
 
+# -- durable jobs (issue 32): signals through the client and the CLI, misused durable calls in an actor --------
+
+UNKNOWN_JOB = "0192f000-0000-7000-8000-000000000000"
+
+
+def _client_signal(name: str, payload: Any = None, job: str | None = None) -> Run:
+    async def run(e: Env) -> Outcome:
+        return await client_call(e, lambda c: c.signal(job or e.seeded[0], name, payload))
+    return run
+
+
+def _cli_signal(*args: str, job: str | None = None) -> Run:
+    return lambda e: cli(e, "signal", job or str(e.seeded[0]), *args)
+
+
+def _durable_cases() -> list[Case]:
+    cases = [
+        Case("client-signal-name-empty", "client", "signal(id, '')", "SignalInvalid", "must not be empty",
+             _client_signal("")),
+        Case("client-signal-name-long", "client", "signal(id, 201 characters)", "SignalInvalid", "the limit is 200",
+             _client_signal("s" * 201)),
+        Case("client-signal-name-control", "client", "signal(id, 'a\\nb')", "SignalInvalid", "control character",
+             _client_signal("a\nb")),
+        Case("client-signal-payload-big", "client", "signal payload of 1 MiB + 1", "SignalInvalid", "1 MiB",
+             _client_signal("go", "x" * (1024 * 1024))),
+        Case("client-signal-payload-not-json", "client", "signal payload object()", "SignalInvalid", "not JSON",
+             _client_signal("go", object())),
+        Case("client-signal-payload-nan", "client", "signal payload NaN", "SignalInvalid", "not JSON",
+             _client_signal("go", float("nan"))),
+        Case("client-signal-unknown-job", "client", "signal(unknown id, 'go')", "JobNotFound", UNKNOWN_JOB,
+             _client_signal("go", job=UNKNOWN_JOB)),
+        Case("client-signal-bad-id", "client", "signal('nope', 'go')", "ConfigurationError", "nope",
+             _client_signal("go", job="nope")),
+        Case("client-requeue-reset-steps-not-bool", "client", "requeue(id, reset_steps='yes')", "ConfigurationError",
+             "reset_steps", lambda e: client_call(e, lambda c: c.requeue(e.seeded[0], reset_steps="yes"))),
+        Case("cli-signal-name-empty", "cli", "taskq signal ID ''", "exit 2", "must not be empty", _cli_signal("")),
+        Case("cli-signal-payload-not-json", "cli", "taskq signal ID go --payload '{nope'", "exit 2", "not JSON",
+             _cli_signal("go", "--payload", "{nope")),
+        Case("cli-signal-payload-big", "cli", "taskq signal ID go --payload @<1 MiB + 1 of JSON>", "exit 2", "1 MiB",
+             lambda e: cli(e, "signal", str(e.seeded[0]), "go", "--payload",
+                           "@" + write_bytes(e, "big.json", json.dumps("x" * (1024 * 1024)).encode()))),
+        Case("cli-signal-unknown-job", "cli", "taskq signal <unknown id> go", "exit 4", UNKNOWN_JOB,
+             _cli_signal("go", job=UNKNOWN_JOB)),
+        Case("cli-signal-bad-id", "cli", "taskq signal nope go", "exit 2", "nope", _cli_signal("go", job="nope")),
+    ]
+    misuse = [
+        ("step-name-empty", "StepInvalid", "must not be empty"),
+        ("step-result-not-json", "StepInvalid", "cannot be stored as JSON"),
+        ("step-not-callable", "StepInvalid", "not callable"),
+        ("sleep-negative", "SleepInvalid", "between 0 and ten years"),
+        ("sleep-nan", "SleepInvalid", "between 0 and ten years"),
+        ("sleep-eleven-years", "SleepInvalid", "between 0 and ten years"),
+        ("sleep-until-naive", "SleepInvalid", "aware datetime"),
+        ("wait-timeout-negative", "SleepInvalid", "between 0 and ten years"),
+        ("wait-name-control", "StepInvalid", "control character"),
+        ("transaction-nested", "TransactionInvalid", "not nested"),
+    ]
+    for payload, error, fragment in misuse:
+        cases.append(Case(f"worker-{payload}", "worker", f"an actor: {payload.replace('-', ' ')}",
+                          f"failed {error}", fragment,
+                          lambda e, p=payload: worker_runs(e, "matrix.durable_misuse", p), adds_jobs=1))
+    return cases
+
+
+CASES += _durable_cases()
+
+
 # -- databases ----------------------------------------------------------------------------------------
 
 
@@ -942,7 +1035,9 @@ SELECT (SELECT count(*) FROM taskq.jobs),
        (SELECT md5(coalesce(string_agg(a::text, '|' ORDER BY a.actor), '')) FROM taskq.actor_limits a),
        (SELECT count(*) FROM taskq.queue_events),
        (SELECT md5(coalesce(string_agg(w::text, '|' ORDER BY w.queue, w.key), '')) FROM taskq.fairness_weights w),
-       (SELECT md5(coalesce(string_agg(f.queue, '|' ORDER BY f.queue), '')) FROM taskq.fair_queues f)
+       (SELECT md5(coalesce(string_agg(f.queue, '|' ORDER BY f.queue), '')) FROM taskq.fair_queues f),
+       (SELECT count(*) FROM taskq.job_steps),
+       (SELECT count(*) FROM taskq.job_signals)
 """
 
 
