@@ -176,7 +176,7 @@ def part_suspended(dsn: str, jobs: int, suspended: int, rounds: int, logs: Path)
 
 
 def _median(rows: list[dict[str, Any]], key: str) -> float:
-    return statistics.median(r[key] for r in rows)
+    return float(statistics.median(r[key] for r in rows))
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ from psycopg import AsyncConnection
 from taskq import sql
 
 __all__ = ["SentSignal", "SignalRow", "StepRow", "StoredStep", "TakenSignal", "list_signals", "list_steps",
-           "load_steps", "reset_steps", "save_step", "send_signal", "signal_timeout", "take_signal"]
+           "load_steps", "reset_steps", "save_step", "send_signal", "signal_timeout", "take_signal", "tx_fence"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +137,13 @@ async def list_steps(conn: AsyncConnection[Any], job_id: UUID) -> list[StepRow]:
 async def list_signals(conn: AsyncConnection[Any], job_id: UUID) -> list[SignalRow]:
     cur = await conn.execute(sql.query("job_signals_list"), {"job_id": job_id})
     return [SignalRow(*r) for r in await cur.fetchall()]
+
+
+async def tx_fence(conn: AsyncConnection[Any], job_id: UUID, attempt: int, claim_epoch: int) -> bool:
+    """Inside a `ctx.transaction()`: lock the job's row if this attempt still holds it (False: it does not)."""
+    cur = await conn.execute(sql.query("job_tx_fence"), {"id": job_id, "attempt": attempt,
+                                                         "claim_epoch": claim_epoch})
+    return await cur.fetchone() is not None
 
 
 async def reset_steps(conn: AsyncConnection[Any], job_ids: list[UUID]) -> int:

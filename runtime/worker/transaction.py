@@ -22,7 +22,7 @@ from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from taskq import sql
+from taskq.backend import durable as durable_store
 from taskq.exceptions import TransactionInvalid
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ class JobTransaction:
             raise TransactionInvalid("ctx.transaction() is already in use in this attempt (one per attempt, "
                                      "not nested)")
         ctx.transaction_state = "open"
-        conn = await self._pool.getconn()
+        conn: AsyncConnection[Any] = await self._pool.getconn()
         try:
             tx = conn.transaction()
             await tx.__aenter__()
@@ -74,9 +74,7 @@ class JobTransaction:
         conn = ctx.transaction_conn
         assert conn is not None
         try:
-            cur = await conn.execute(sql.query("job_tx_fence"), {
-                "id": ctx.job_id, "attempt": ctx.attempt, "claim_epoch": ctx.claim_epoch})
-            held = await cur.fetchone() is not None
+            held = await durable_store.tx_fence(conn, ctx.job_id, ctx.attempt, ctx.claim_epoch)
         except BaseException as error:
             await abandon(ctx, type(error), error, error.__traceback__)
             raise

@@ -32,14 +32,18 @@ def record(job_id: Any, step: str, attempt: int) -> None:
         conn.execute("INSERT INTO public.durable_effects VALUES (%s, %s, %s)", (job_id, step, attempt))
 
 
+def wait_for_gate(gate: str) -> None:
+    while not Path(gate).exists():
+        time.sleep(0.02)
+
+
 def run_step(payload: Steps, job_id: Any, attempt: int, n: int) -> int:
     if payload.step_seconds:
         time.sleep(payload.step_seconds)
     if n == payload.block_at:
         record(job_id, f"enter-{n}", attempt)
         if attempt == 1 and payload.gate is not None:
-            while not Path(payload.gate).exists():
-                time.sleep(0.02)
+            wait_for_gate(payload.gate)
     record(job_id, str(n), attempt)
     return n * 10
 
@@ -70,8 +74,7 @@ async def in_transaction(payload: Steps, ctx: JobContext[Steps]) -> int:
         await conn.execute("INSERT INTO public.durable_effects VALUES (%s, 'tx', %s)", (ctx.job_id, ctx.attempt))
         record(ctx.job_id, "enter-tx", ctx.attempt)
         if ctx.attempt == 1 and payload.gate is not None:
-            while not Path(payload.gate).exists():
-                await asyncio.sleep(0.02)
+            await asyncio.to_thread(wait_for_gate, payload.gate)
     return ctx.attempt
 
 

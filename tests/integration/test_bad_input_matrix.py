@@ -96,7 +96,7 @@ async def durable_misuse(payload: str, ctx: JobContext[str]) -> None:
     elif payload == "sleep-eleven-years":
         await ctx.sleep(timedelta(days=11 * 366))
     elif payload == "sleep-until-naive":
-        await ctx.sleep_until(datetime(2030, 1, 1))  # noqa: DTZ001  (the bad input)
+        await ctx.sleep_until(datetime(2030, 1, 1))
     elif payload == "wait-timeout-negative":
         await ctx.wait_for_signal("go", timeout=-5)
     elif payload == "wait-name-control":
@@ -906,7 +906,7 @@ def _durable_cases() -> list[Case]:
         Case("client-signal-bad-id", "client", "signal('nope', 'go')", "ConfigurationError", "nope",
              _client_signal("go", job="nope")),
         Case("client-requeue-reset-steps-not-bool", "client", "requeue(id, reset_steps='yes')", "ConfigurationError",
-             "reset_steps", lambda e: client_call(e, lambda c: c.requeue(e.seeded[0], reset_steps="yes"))),
+             "reset_steps", lambda e: client_call(e, lambda c: c.requeue(e.seeded[0], reset_steps="yes"))),  # type: ignore[arg-type]
         Case("cli-signal-name-empty", "cli", "taskq signal ID ''", "exit 2", "must not be empty", _cli_signal("")),
         Case("cli-signal-payload-not-json", "cli", "taskq signal ID go --payload '{nope'", "exit 2", "not JSON",
              _cli_signal("go", "--payload", "{nope")),
@@ -929,10 +929,12 @@ def _durable_cases() -> list[Case]:
         ("wait-name-control", "StepInvalid", "control character"),
         ("transaction-nested", "TransactionInvalid", "not nested"),
     ]
+    def misused(payload: str) -> Run:
+        return lambda e: worker_runs(e, "matrix.durable_misuse", payload)
+
     for payload, error, fragment in misuse:
         cases.append(Case(f"worker-{payload}", "worker", f"an actor: {payload.replace('-', ' ')}",
-                          f"failed {error}", fragment,
-                          lambda e, p=payload: worker_runs(e, "matrix.durable_misuse", p), adds_jobs=1))
+                          f"failed {error}", fragment, misused(payload), adds_jobs=1))
     return cases
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from test_cli import ok, run_cli, user_error
-from test_durable_steps import durable_registry, effects  # noqa: F401  (the fixture)
+from test_durable_steps import durable_registry, effects, row_of  # noqa: F401  (the fixture)
 from testkit import running_worker, wait_for
 
 from taskq import JobFailed, JobsClient
@@ -22,7 +22,7 @@ async def test_signal_wakes_a_waiting_job_and_job_shows_the_wait_steps_and_signa
         h = await client.enqueue("d.waiter", None)
 
         async def waiting() -> bool:
-            row = (await client.get(h.job_id)).row  # type: ignore[union-attr]
+            row = await row_of(client, h.job_id)
             return row.status.value == "scheduled" and row.wait_kind == "signal" and row.attempt == 1
 
         await wait_for(waiting, timeout=20)

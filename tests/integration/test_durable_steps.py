@@ -3,9 +3,8 @@ without a slot, ctx.transaction commits the actor's rows with the job's success 
 
 from __future__ import annotations
 
-import asyncio
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -17,14 +16,13 @@ from taskq import (
     JobFailed,
     JobNotFound,
     JobsClient,
-    LeaseLost,
     SignalInvalid,
     SignalRefused,
     SignalTimeout,
-    StepInvalid,
 )
 from taskq.actors.declaration import ActorRegistry, actor
 from taskq.invariants import check_invariants
+from taskq.models import JobRow
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -172,7 +170,7 @@ async def test_step_misuse_fails_the_job_at_once(dsn: str, client: JobsClient, e
         for h, needle in ((twice, "used twice"), (unjson, "cannot be stored as JSON")):
             with pytest.raises(JobFailed):
                 await h.wait(timeout=30)
-            row = (await client.get(h.job_id)).row  # type: ignore[union-attr]
+            row = await row_of(client, h.job_id)
             assert (row.status.value, row.error_class, row.attempt) == ("failed", "StepInvalid", 1)
             assert needle in (row.error_message or "")
         assert [s.name for s in await client.steps(twice.job_id)] == ["same"]  # the first one was stored
@@ -183,10 +181,10 @@ async def test_a_sleep_frees_the_slot_and_resumes_after_its_steps(dsn: str, clie
                                                                  effects: Any) -> None:
     async with running_worker(dsn, durable_registry(dsn), concurrency=1):
         h = await client.enqueue("d.sleeper", 2.0)
-        budget = (await client.get(h.job_id)).row.max_attempts  # type: ignore[union-attr]
+        budget = (await row_of(client, h.job_id)).max_attempts
 
         async def sleeping() -> Any:
-            row = (await client.get(h.job_id)).row  # type: ignore[union-attr]
+            row = await row_of(client, h.job_id)
             return row if row.status.value == "scheduled" and row.wait_kind == "sleep" else None
 
         row = await wait_for(sleeping, timeout=20)
@@ -194,7 +192,7 @@ async def test_a_sleep_frees_the_slot_and_resumes_after_its_steps(dsn: str, clie
         # the one slot is free: another job runs while it sleeps
         q = await client.enqueue("d.quick", 5)
         assert (await q.wait(timeout=10)).result == 5
-        assert (await client.get(h.job_id)).row.status.value == "scheduled"  # type: ignore[union-attr]
+        assert (await row_of(client, h.job_id)).status.value == "scheduled"
         done = await h.wait(timeout=30)
         assert done.result == 2 and done.max_attempts == budget + 1  # the sleep gave its attempt back
         assert await effects(h.job_id) == [("after", 2), ("before", 1)]
@@ -211,7 +209,7 @@ async def test_signals_wake_a_waiting_job_and_are_taken_once_in_order(dsn: str, 
         assert first.status in ("pending", "running", "scheduled")
 
         async def waiting() -> Any:
-            row = (await client.get(h.job_id)).row  # type: ignore[union-attr]
+            row = await row_of(client, h.job_id)
             return row if row.status.value == "scheduled" and row.wait_kind == "signal" else None
 
         row = await wait_for(waiting, timeout=20)
@@ -275,7 +273,7 @@ async def test_a_signal_wakes_the_waiting_job_by_notify_or_at_the_next_poll(dsn:
         h = await client.enqueue("d.waiter", None)
 
         async def waiting(attempt: int) -> bool:
-            row = (await client.get(h.job_id)).row  # type: ignore[union-attr]
+            row = await row_of(client, h.job_id)
             return row.status.value == "scheduled" and row.wait_kind == "signal" and row.attempt == attempt
 
         await wait_for(lambda: waiting(1), timeout=20)
@@ -296,3 +294,9 @@ async def test_a_signal_wakes_the_waiting_job_by_notify_or_at_the_next_poll(dsn:
             assert latency < 1.0, f"woken after {latency:.3f} s: by the poll ({poll} s), not by the NOTIFY"
         else:
             assert latency < poll + 1.0, f"woken after {latency:.3f} s with a poll of {poll} s"
+
+
+async def row_of(client: JobsClient, job_id: Any) -> JobRow:
+    handle = await client.get(job_id)
+    assert handle is not None and handle.row is not None
+    return handle.row
