@@ -22,6 +22,8 @@ from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from psycopg import Rollback
+
 from taskq.backend import durable as durable_store
 from taskq.exceptions import TransactionInvalid
 
@@ -112,9 +114,10 @@ async def abandon(ctx: JobContext[Any], exc_type: type[BaseException] | None = N
     if ender is None:
         return
     try:
-        await ender.end(exc_type or _Rollback, exc or _Rollback(), tb)
-    except _Rollback:
-        pass
+        if exc_type is None:
+            await ender.end(Rollback, Rollback(), None)  # psycopg: roll back, and swallow it
+        else:
+            await ender.end(exc_type, exc, tb)
     except Exception as error:  # a broken connection: the pool discards it, the server rolls back
         log.warning("job %s attempt %d: rolling its transaction back failed: %s", ctx.job_id, ctx.attempt, error)
 
@@ -153,7 +156,3 @@ async def commit_with(ctx: JobContext[Any], store: WorkerStore, finish: Finish) 
                   "here; its lease will expire and the sweeper will decide", ctx.job_id, ctx.attempt, error)
         return None
     return status
-
-
-class _Rollback(Exception):
-    """Passed to the transaction's exit to make it roll back."""

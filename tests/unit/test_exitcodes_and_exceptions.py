@@ -26,6 +26,9 @@ OUTSIDE_THE_TREE = {
     # a forced cancel, a BaseException so that an actor's `except Exception` cannot swallow it (STYLE);
     # the thread executor's mechanism, and docs/isolation.md names it by its path
     ("actors/thread.py", "ActorInterrupted"),
+    # a durable sleep or wait ending the attempt, a BaseException for the same reason; the worker decides by
+    # what the JobContext recorded, and docs/durable.md names it
+    ("runtime/context.py", "JobSuspended"),
     # an HTTP answer inside the optional web integration, rendered by its own app, never raised to a caller
     ("runtime/web/problems.py", "Problem"),
 }
