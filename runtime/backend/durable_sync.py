@@ -98,6 +98,12 @@ def list_signals(conn: Connection[Any], job_id: UUID) -> list[SignalRow]:
     return [SignalRow(*r) for r in cur.fetchall()]
 
 
+def tx_fence(conn: Connection[Any], job_id: UUID, attempt: int, claim_epoch: int) -> bool:
+    """Inside a `ctx.transaction()`: lock the job's row if this attempt still holds it (False: it does not)."""
+    cur = conn.execute(sql.query("job_tx_fence"), {"id": job_id, "attempt": attempt, "claim_epoch": claim_epoch})
+    return cur.fetchone() is not None
+
+
 def reset_steps(conn: Connection[Any], job_ids: list[UUID]) -> int:
     """Forget the stored steps, sleeps and waits of these jobs (requeue with reset_steps=True)."""
     cur = conn.execute(sql.query("job_steps_reset"), {"ids": job_ids})
