@@ -3,6 +3,7 @@ without a slot, ctx.transaction commits the actor's rows with the job's success 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import timedelta
 from typing import Any
@@ -300,3 +301,45 @@ async def row_of(client: JobsClient, job_id: Any) -> JobRow:
     handle = await client.get(job_id)
     assert handle is not None and handle.row is not None
     return handle.row
+
+
+async def test_a_suspended_job_cancels_at_once_and_retention_prunes_its_steps_and_signals(
+        dsn: str, client: JobsClient, effects: Any) -> None:
+    from taskq.backend import Backend
+    from taskq.models import PruneClass
+    from taskq.ops.retention import prune
+
+    async with running_worker(dsn, durable_registry(dsn)):
+        sleeping = await client.enqueue("d.sleeper", 3600.0)
+        waiting = await client.enqueue("d.waiter", None)
+
+        async def suspended(h: Any, kind: str) -> bool:
+            row = await row_of(client, h.job_id)
+            return row.status.value == "scheduled" and row.wait_kind == kind
+
+        await wait_for(lambda: suspended(sleeping, "sleep"), timeout=20)
+        await wait_for(lambda: suspended(waiting, "signal"), timeout=20)
+        await client.signal(waiting.job_id, "other", {"kept": True})  # a signal no wait takes
+        for h in (sleeping, waiting):
+            result = await client.cancel(h.job_id, reason="no longer needed")
+            assert (result.previous_status.value, result.new_status.value) == ("scheduled", "cancelled")
+            row = await row_of(client, h.job_id)
+            assert row.error_class == "CancelledBeforeStart" and row.worker_id is None
+    assert len(await client.steps(sleeping.job_id)) == 2  # its step and its sleep
+    assert len(await client.signals(waiting.job_id)) == 1
+    backend = await Backend.open(dsn)
+    try:
+        await asyncio.sleep(0.01)  # past a window of 1 ms (cancelled jobs prune with the succeeded ones)
+        result = await prune(backend, {PruneClass.SUCCEEDED: 0.001, PruneClass.FAILED: 0.001,
+                                       PruneClass.ATTEMPTS: 0.001})
+        assert result is not None
+    finally:
+        await backend.close()
+    assert await client.get(sleeping.job_id) is None and await client.get(waiting.job_id) is None
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT (SELECT count(*) FROM taskq.job_steps WHERE job_id = ANY(%(ids)s)), "
+            "(SELECT count(*) FROM taskq.job_signals WHERE job_id = ANY(%(ids)s))",
+            {"ids": [sleeping.job_id, waiting.job_id]})
+        assert await cur.fetchone() == (0, 0)
+    await assert_invariants(dsn)

@@ -107,6 +107,23 @@ async def test_a_healthy_history_has_no_violations(dsn: str, client: JobsClient)
             "SELECT id, '00000000-0000-0000-0000-000000000001' FROM taskq.jobs WHERE actor = 'x'",
             "inv_parents_remaining_matches_edges",
         ),
+        # durable jobs (issue 32): a step no claim of the job stored; a signal taken by no wait (or held by a
+        # wait that did not take it); a suspended job still held
+        (
+            "INSERT INTO taskq.job_steps (job_id, kind, name, attempt, claim_epoch, result) "
+            "SELECT id, 'step', 's', 1, 1, '1' FROM taskq.jobs",
+            "inv_step_by_holder",
+        ),
+        (
+            "INSERT INTO taskq.job_signals (job_id, name, consumed_at, consumed_attempt, consumed_epoch, consumed_by) "
+            "SELECT id, 'go', now(), 1, 1, 'go#1' FROM taskq.jobs",
+            "inv_signal_taken_once",
+        ),
+        (
+            "UPDATE taskq.jobs SET status = 'scheduled', wait_kind = 'sleep', worker_id = 'w', "
+            "lock_expires_at = now() + interval '1 h'",
+            "inv_suspended_holds_nothing",
+        ),
     ],
 )
 async def test_each_kind_of_corruption_is_reported(
