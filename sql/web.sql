@@ -167,6 +167,16 @@ LIMIT %(limit)s;
 -- The queues a workflow's members are in (jobs_workflow_idx), for the grant check of its cancel.
 SELECT DISTINCT queue FROM taskq.jobs WHERE workflow_id = %(workflow_id)s::uuid ORDER BY queue;
 
+-- name: workflow_members
+-- A workflow's members, oldest first (jobs_workflow_idx), at most %(limit)s.
+SELECT * FROM taskq.jobs WHERE workflow_id = %(workflow_id)s::uuid ORDER BY created_at, id LIMIT %(limit)s;
+
+-- name: workflow_edges
+-- The dependency edges into the workflow's members (job_dependencies_child_idx), parent -> child.
+SELECT d.parent_id, d.child_id
+FROM taskq.jobs AS c JOIN taskq.job_dependencies AS d ON d.child_id = c.id
+WHERE c.workflow_id = %(workflow_id)s::uuid;
+
 -- name: job_children
 SELECT * FROM taskq.jobs WHERE parent_id = %(id)s ORDER BY created_at, id LIMIT %(limit)s;
 

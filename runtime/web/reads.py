@@ -512,3 +512,35 @@ def _queue_entry() -> dict[str, Any]:
 def check_problem(exc: Exception) -> Problem:
     """A ConfigurationError of a service function's checks as a 400."""
     return bad_request(str(exc))
+
+
+WORKFLOW_NODES = 500
+"""The most members the workflow page draws (the oldest first); the API's GET /jobs?workflow_id= lists all."""
+
+
+async def workflow(backend: Backend, who: Principal, workflow_id: UUID) -> dict[str, Any]:
+    """A workflow's members (those the caller may read, at most WORKFLOW_NODES, oldest first), its edges among
+    them (job_dependencies parent -> child, and parent_id for a child a member enqueued with ctx.jobs.enqueue),
+    its status counts, and whether the caller may cancel it (jobs:cancel on every member's queue). 404 when
+    no job carries the id or the caller may read none of them."""
+    if not who.may("jobs:read"):
+        raise forbidden("jobs:read", None)
+    rows = await web_store.jobs(backend, "workflow_members", {"workflow_id": workflow_id,
+                                                              "limit": WORKFLOW_NODES + 1})
+    more = len(rows) > WORKFLOW_NODES
+    queues = {r["queue"] for r in await fetch_all(backend, "workflow_queues", {"workflow_id": workflow_id})}
+    members = [r for r in rows[:WORKFLOW_NODES] if who.may("jobs:read", r.queue)]
+    if not members:
+        raise not_found(f"workflow {workflow_id}")
+    ids = {r.id for r in members}
+    edges = [(r["parent_id"], r["child_id"]) for r in await fetch_all(backend, "workflow_edges",
+                                                                        {"workflow_id": workflow_id})]
+    edges += [(r.parent_id, r.id) for r in members if r.parent_id is not None]
+    counts: dict[str, int] = {}
+    for r in members:
+        counts[str(r.status)] = counts.get(str(r.status), 0) + 1
+    return {"workflow_id": workflow_id, "members": members, "more": more or len(members) < min(len(rows),
+                                                                                              WORKFLOW_NODES),
+            "edges": sorted({(a, b) for a, b in edges if a in ids and b in ids}, key=str),
+            "counts": counts, "cancellable": all(who.may("jobs:cancel", q) for q in queues),
+            "unfinished": any(not r.is_terminal for r in members)}
