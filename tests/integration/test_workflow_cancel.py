@@ -4,6 +4,10 @@ in-process workers and real process actors (whose children get real signals)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from datetime import timedelta
 from uuid import UUID, uuid4
@@ -237,3 +241,27 @@ def test_sync_client_cancels_a_workflow(dsn: str) -> None:
         assert (result.cancelled, result.members, result.job_ids) == (1, 1, (job.job_id,))
         with pytest.raises(WorkflowNotFound):
             client.cancel_workflow(uuid4())
+
+
+def run_cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKQ_")} | {"TASKQ_DSN": dsn}
+    return subprocess.run([sys.executable, "-m", "taskq.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+async def test_cli_lists_and_cancels_a_workflow_and_audits_it(dsn: str, client: JobsClient) -> None:
+    async with client.workflow() as wf:
+        a = wf.enqueue("wfc.quick", 1, queue=IDLE)
+        wf.enqueue("wfc.quick", 2, queue=IDLE, depends_on=[a])
+    listed = run_cli(dsn, "jobs", "--workflow", str(wf.id), "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert len(json.loads(listed.stdout)) == 2
+    done = run_cli(dsn, "cancel", "--workflow", str(wf.id), "--reason", "cli")
+    assert done.returncode == 0, done.stderr
+    assert f"workflow {wf.id}" in done.stdout and "cancelled (were waiting)" in done.stdout
+    as_json = run_cli(dsn, "cancel", "--workflow", str(wf.id), "--json")
+    assert json.loads(as_json.stdout)["already_ended"] == 2
+    audit = query(dsn, "SELECT action, outcome, detail->>'workflow_id' FROM taskq.operator_audit ORDER BY id")
+    assert audit == [("jobs:cancel", "cancelled", str(wf.id)), ("jobs:cancel", "unchanged", str(wf.id))]
+    unknown = run_cli(dsn, "cancel", "--workflow", str(uuid4()))
+    assert unknown.returncode == 4 and unknown.stderr.count("\n") == 1 and "no job belongs" in unknown.stderr
