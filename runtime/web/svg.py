@@ -86,7 +86,8 @@ def graph(nodes: Sequence[Node], edges: Sequence[tuple[str, str]]) -> Markup:
             f'<title>{escape(n.id)} {escape(n.label)} ({escape(n.status)})</title>'
             f'<rect x="{x}" y="{y}" width="{NODE_W}" height="{NODE_H}" rx="6" fill="{fill}" stroke="#889"/>'
             f'<text x="{x + 8}" y="{y + 16}" font-size="12">{escape(label)}</text>'
-            f'<text x="{x + 8}" y="{y + 32}" font-size="11" fill="#445">{escape(n.status)} · …{escape(n.id[-8:])}</text>'
+            f'<text x="{x + 8}" y="{y + 32}" font-size="11" fill="#445">'
+            f'{escape(n.status)} · …{escape(n.id[-8:])}</text>'
             '</a>')
     parts.append("</svg>")
     return Markup("".join(parts))
