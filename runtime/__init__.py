@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         StepInvalid,
         TaskqError,
         TransactionInvalid,
+        WorkflowNotFound,
     )
     from taskq.models import (
         BulkCancelResult,
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
         JobRow,
         JobStatus,
         RequeueResult,
+        WorkflowCancelResult,
     )
     from taskq.schedules import Schedule
     from taskq.settings import WorkerSettings
@@ -67,6 +69,7 @@ _HOMES: dict[str, str] = {
     "SleepInvalid": "taskq.exceptions",
     "StepInvalid": "taskq.exceptions",
     "TransactionInvalid": "taskq.exceptions",
+    "WorkflowNotFound": "taskq.exceptions",
     "Snooze": "taskq.exceptions",
     "SnoozeInvalid": "taskq.exceptions",
     "TaskqError": "taskq.exceptions",
@@ -79,6 +82,7 @@ _HOMES: dict[str, str] = {
     "JobRow": "taskq.models",
     "JobStatus": "taskq.models",
     "RequeueResult": "taskq.models",
+    "WorkflowCancelResult": "taskq.models",
     "Schedule": "taskq.schedules",
     "WorkerSettings": "taskq.settings",
 }
@@ -117,6 +121,8 @@ __all__ = [
     "TaskqError",
     "TransactionInvalid",
     "WorkerSettings",
+    "WorkflowCancelResult",
+    "WorkflowNotFound",
     "actor",
 ]
 

@@ -18,6 +18,18 @@ def as_job_id(job_id: UUID | str) -> UUID:
         raise ConfigurationError(f"not a job id (expected a UUID): {job_id!r}") from None
 
 
+def as_workflow_id(workflow_id: UUID | str) -> UUID:
+    """The workflow id as a UUID (`Workflow.id`, or its text). ConfigurationError for anything else."""
+    if isinstance(workflow_id, UUID):
+        return workflow_id
+    if not isinstance(workflow_id, str):
+        raise ConfigurationError(f"not a workflow id (expected a UUID): {workflow_id!r}")
+    try:
+        return UUID(workflow_id)
+    except ValueError:
+        raise ConfigurationError(f"not a workflow id (expected a UUID): {workflow_id[:80]!r}") from None
+
+
 def is_utf8(text: str) -> bool:
     """False for text holding a lone surrogate (e.g. from `surrogateescape`), which no UTF-8 database stores."""
     if text.isascii():

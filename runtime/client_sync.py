@@ -21,11 +21,11 @@ from pydantic import TypeAdapter
 
 from taskq import tracing, workflows, workflows_sync
 from taskq.actors.declaration import Actor, ActorRegistry, default_registry
-from taskq.backend import JobBatch, JobInsert, transaction_pooler_from_env, uuid7_many
+from taskq.backend import JobBatch, JobInsert, transaction_pooler_from_env, uuid7, uuid7_many
 from taskq.backend.core_sync import SyncBackend
 from taskq.backend.durable import SignalRow, StepRow
 from taskq.backend.queues import UNSET
-from taskq.checks import as_job_id
+from taskq.checks import as_job_id, as_workflow_id
 from taskq.client import WAIT_POLL_INTERVAL, R, offset_skipped
 from taskq.dsn import resolve_dsn
 from taskq.enqueue import DEFAULT_MAX_PAYLOAD_BYTES as DEFAULT_MAX_PAYLOAD_BYTES
@@ -49,6 +49,7 @@ from taskq.models import (
     ScheduleInfo,
     SchedulePauseResult,
     ScheduleTriggerResult,
+    WorkflowCancelResult,
 )
 from taskq.ops import durable as durable_ops
 from taskq.ops import durable_sync as durable_ops_sync
@@ -224,6 +225,7 @@ class SyncJobsClient:
         dependency_mode: str = "on_success",
         concurrency_key: str | None = None,
         fairness_key: str | None = None,
+        workflow_id: UUID | str | None = None,
     ) -> SyncJobHandle[R]:
         """Validate then write one job. With `connection`, the insert joins that connection's open
         transaction (commit or roll back with your own data); otherwise it commits at once.
@@ -242,7 +244,10 @@ class SyncJobsClient:
 
         `fairness_key` (e.g. a tenant, at most 200 characters): the job's queue shares its starts among the
         keys with jobs ready, by their weights (`set_fairness_weight`, default 1); None is the empty key
-        (docs/fairness.md)."""
+        (docs/fairness.md).
+
+        `workflow_id` (a `Workflow.id`): the job joins that workflow (`cancel_workflow` cancels it with the
+        others); jobs written by `client.workflow()` and children of its members carry it already."""
         parents, mode = workflows.check_dependencies(depends_on, dependency_mode)
         if parents and unique_key is not None:
             raise DependencyInvalid("unique_key cannot be combined with depends_on")
@@ -259,6 +264,7 @@ class SyncJobsClient:
             unique_scope=unique_scope,
             concurrency_key=concurrency_key,
             fairness_key=fairness_key,
+            workflow_id=workflow_id,
         )
         with tracing.producer(job.options.queue, job.options.actor, job.id) as trace_context:
             if trace_context is not None:
@@ -296,6 +302,7 @@ class SyncJobsClient:
         dependency_mode: str = "on_success",
         concurrency_key: str | None = None,
         fairness_key: str | Sequence[str | None] | None = None,
+        workflow_id: UUID | str | None = None,
     ) -> list[SyncJobHandle[R]]:
         """Validate every payload first, then write them all in one transaction (statements of at most
         `chunk_size` rows). One invalid payload writes nothing.
@@ -307,7 +314,7 @@ class SyncJobsClient:
 
         `depends_on`: every job waits on the same parents (a fan-out), as in `enqueue`. `concurrency_key` is one key
         for all. `fairness_key`: one key for all, or a sequence with one key (or None) per payload (not with
-        `depends_on`)."""
+        `depends_on`). `workflow_id`: every job joins that workflow, as in `enqueue`."""
         parents, mode = workflows.check_dependencies(depends_on, dependency_mode)
         if parents and unique_key is not None:
             raise DependencyInvalid("unique_key cannot be combined with depends_on")
@@ -324,6 +331,8 @@ class SyncJobsClient:
         )
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise ConfigurationError(f"chunk_size must be a positive int, got {chunk_size!r}")
+        if workflow_id is not None:
+            opts = replace(opts, workflow_id=as_workflow_id(workflow_id))
         items = payloads if isinstance(payloads, list) else list(payloads)
         encoded = encode_payloads(actor, opts.actor, items, self.max_payload_bytes)
         opts, fair_keys = batch_fairness_keys(fairness_key, opts, len(encoded), dependent=bool(parents))
@@ -411,6 +420,14 @@ class SyncJobsClient:
         """Cancel every matching unfinished job, in committed batches of `batch_size`. An empty filter
         is refused: say `JobFilter(unfinished=True)` to mean every job."""
         return job_ops_sync.cancel_jobs_where(self.backend, flt, reason, batch_size=batch_size)
+
+    def cancel_workflow(self, workflow_id: UUID | str, *, reason: str | None = None) -> WorkflowCancelResult:
+        """Cancel every member of the workflow (`Workflow.id`: the jobs `client.workflow()` wrote and the children
+        its members enqueued) that has not ended: waiting ones (sleeping and signal-waiting ones included) end
+        cancelled at once; running ones get a cancel request and go through the ladder (cooperative, forced,
+        abandoned) on their workers. Returns the counts per outcome (WorkflowCancelResult). WorkflowNotFound when
+        no job carries the id."""
+        return job_ops_sync.cancel_workflow(self.backend, workflow_id, reason)
 
     def requeue(
         self,
@@ -584,9 +601,12 @@ class WorkflowNode(Generic[R]):
 class Workflow:
     """`with client.workflow() as wf:` collect jobs with `wf.enqueue(...)` (not awaited: nothing is
     written yet), each `depends_on` existing jobs or earlier nodes; at the end of a block that raised
-    nothing, every job is written in one transaction; a block that raises writes nothing."""
+    nothing, every job is written in one transaction; a block that raises writes nothing. `wf.id` names
+    the workflow (jobs.workflow_id of its jobs and of their `ctx.jobs.enqueue` children)."""
 
     def __init__(self, client: SyncJobsClient, *, connection: Connection[Any] | None = None) -> None:
+        self.id: UUID = uuid7()
+        "The workflow's id, made here (a uuid7, as job ids are): every job it writes carries it in\n        `workflow_id`, and so does every child a member enqueues with `ctx.jobs.enqueue`. Known before the\n        block ends; `SyncJobsClient.cancel_workflow(wf.id)` cancels them all."
         self._client = client
         self._connection = connection
         self._nodes: list[WorkflowNode[Any]] = []
@@ -615,7 +635,10 @@ class Workflow:
         parents, mode = workflows.check_dependencies(depends_on, dependency_mode)
         if parents and options.get("unique_key") is not None:
             raise DependencyInvalid("unique_key cannot be combined with depends_on")
-        job = self._client._prepare(target, payload, **options)
+        given = options.pop("workflow_id", None)
+        if given is not None and as_workflow_id(given) != self.id:
+            raise ConfigurationError(f"workflow_id: a job of workflow {self.id} cannot join another workflow")
+        job = self._client._prepare(target, payload, workflow_id=self.id, **options)
         node: WorkflowNode[R] = WorkflowNode(self, workflows.GraphJob(job, parents, mode), target)
         self._nodes.append(node)
         self._ids.add(job.id)

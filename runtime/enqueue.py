@@ -17,7 +17,7 @@ from pydantic_core import SchemaValidator, core_schema, from_json
 
 from taskq.actors.declaration import Actor, ActorRegistry
 from taskq.backend import JobInsert, JobOptions, uuid7
-from taskq.checks import check_fairness_key, check_text
+from taskq.checks import as_workflow_id, check_fairness_key, check_text
 from taskq.exceptions import ConfigurationError, PayloadInvalid, PayloadTooLarge
 from taskq.unique import unique_of
 
@@ -207,8 +207,10 @@ def prepare_insert(
     unique_scope: str = "active",
     concurrency_key: str | None = None,
     fairness_key: str | None = None,
+    workflow_id: UUID | str | None = None,
 ) -> JobInsert:
-    """Everything enqueue checks before any write: the payload, names, tags, times, limits and key."""
+    """Everything enqueue checks before any write: the payload, names, tags, times, limits and key.
+    `workflow_id`: the workflow the job joins (cancel_workflow, the dashboard's workflow page)."""
     actor, opts = check_options(
         target, registry, queue=queue, priority=priority, tags=tags, scheduled_at=scheduled_at,
         max_attempts=max_attempts, schedule_to_close=schedule_to_close, concurrency_key=concurrency_key,
@@ -216,6 +218,8 @@ def prepare_insert(
     )
     if parent_id is not None:
         opts = replace(opts, parent_id=parent_id)
+    if workflow_id is not None:
+        opts = replace(opts, workflow_id=as_workflow_id(workflow_id))
     payload_json = encode_payload(actor, opts.actor, payload, max_payload_bytes)
     if unique_key is None and unique_scope == "active":
         return JobInsert(id=uuid7(), payload_json=payload_json, options=opts)

@@ -168,6 +168,14 @@ class JobNotFound(TaskqError, KeyError):
         return str(self.args[0]) if self.args else "no such job"
 
 
+class WorkflowNotFound(TaskqError, KeyError):
+    """No job carries this workflow id (`cancel_workflow` of an id no `client.workflow()` wrote, or whose
+    jobs retention has deleted); nothing was changed."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "no such workflow"
+
+
 class SignalTimeout(TaskqError):
     """`ctx.wait_for_signal(name, timeout=...)`: the timeout passed with no signal of that name. Raised in the
     run after the timeout, and in every later run of the job at the same wait."""

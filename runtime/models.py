@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import math
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, StringConstraints, field_serializer, model_validator
@@ -233,6 +233,32 @@ class BulkCancelResult(BaseModel):
         return self.by_previous_status.get(JobStatus.RUNNING, 0)
 
 
+class WorkflowCancelResult(BaseModel):
+    """What `JobsClient.cancel_workflow()` did to the workflow's members, all counted in one statement:
+
+    - `cancelled`: members that were waiting (pending; scheduled, sleeping or waiting for a signal included;
+      awaiting_parents) and ended cancelled at once (error_class CancelledBeforeStart);
+    - `suspended`: how many of those were sleeping or waiting for a signal (a part of `cancelled`);
+    - `cancel_requested`: running members now asked to stop (cancel_phase 1): their workers take them down
+      the ladder (cooperative, then forced, then abandoned), so they end later;
+    - `already_cancelling`: running members with a cancel already in flight, left as they were;
+    - `already_ended`: members that had already ended (any terminal status);
+    - `members`: every job carrying the workflow id (the sum of the four counts other than `suspended`).
+
+    `job_ids` are the members this call changed (cancelled or asked to stop)."""
+
+    model_config = _frozen
+
+    workflow_id: UUID
+    members: int
+    cancelled: int
+    suspended: int
+    cancel_requested: int
+    already_cancelling: int
+    already_ended: int
+    job_ids: tuple[UUID, ...]
+
+
 # statuses an operator may requeue from: the failure endings (a deploy may have fixed the cause)
 REQUEUEABLE_STATUSES: frozenset[JobStatus] = frozenset({JobStatus.FAILED, JobStatus.CRASHED, JobStatus.ABANDONED})
 UNIQUE_SCOPES: tuple[str, ...] = ("active", "retained")
@@ -317,7 +343,9 @@ NonEmptyStr = Annotated[str, StringConstraints(min_length=1, max_length=255)]
 
 class JobFilter(BaseModel):
     """Selects jobs: every given criterion must hold. `tags` means all of them; `unfinished` limits to
-    pending, scheduled, awaiting_parents and running. An empty filter matches everything, so bulk cancels refuse it."""
+    pending, scheduled, awaiting_parents and running; `workflow_id` to one workflow's members; `waiting` to
+    the jobs sleeping or waiting for a signal (those are 'scheduled'). An empty filter matches everything,
+    so bulk cancels refuse it."""
 
     model_config = _frozen
 
@@ -329,6 +357,10 @@ class JobFilter(BaseModel):
     unfinished: bool = False
     created_before: datetime | None = None
     created_after: datetime | None = None
+    workflow_id: UUID | None = None
+    """The members of one workflow (`Workflow.id`: the jobs `client.workflow()` wrote and their children)."""
+    waiting: Literal["sleep", "signal", "any"] | None = None
+    """Jobs suspended by `ctx.sleep` ('sleep'), by `ctx.wait_for_signal` ('signal'), or by either ('any')."""
 
     @model_validator(mode="after")
     def _check(self) -> JobFilter:
@@ -344,6 +376,8 @@ class JobFilter(BaseModel):
             raise ValueError("created_after must be earlier than created_before")
         if self.unfinished and self.statuses and not (set(self.statuses) & UNFINISHED_STATUSES):
             raise ValueError("unfinished=True with only terminal statuses matches nothing")
+        if self.waiting is not None and self.statuses and JobStatus.SCHEDULED not in self.statuses:
+            raise ValueError("waiting matches scheduled jobs only: add 'scheduled' to statuses or leave them out")
         return self
 
     @property

@@ -35,13 +35,13 @@ WITH locked AS (
     FROM v WHERE v.found = cardinality(%(parent_ids)s::uuid[])
 ), ins AS (
     INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
-                            scheduled_at, schedule_to_close, parent_id, idempotent, trace_context, concurrency_key,
+                            scheduled_at, schedule_to_close, parent_id, workflow_id, idempotent, trace_context, concurrency_key,
                             fairness_key, fair_tag, parents_remaining, dependency_mode,
                             cancel_requested_at, cancel_reason, error_class, error_message, finished_at)
     SELECT u.id, %(actor)s::text, %(queue)s::text, u.payload::jsonb, d.status,
            %(priority)s::int, %(tags)s::text[], %(max_attempts)s::int,
            greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
-           now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s::uuid,
+           now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s::uuid, %(workflow_id)s::uuid,
            %(idempotent)s::boolean, %(trace_context)s::jsonb, %(concurrency_key)s::text,
            %(fairness_key)s::text, fair.base + u.ord * fair.step,
            d.remaining, %(dependency_mode)s::text,

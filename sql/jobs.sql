@@ -7,13 +7,13 @@
 -- INSERT ... RETURNING (the NOTIFY in the RETURNING list) costs the server a sixth less than the same
 -- statement wrapped in a CTE. With notify false the NOTIFY is left to a later jobs_notify (backend_notify).
 INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
-                        scheduled_at, schedule_to_close, parent_id, idempotent, trace_context, concurrency_key,
+                        scheduled_at, schedule_to_close, parent_id, workflow_id, idempotent, trace_context, concurrency_key,
                         fairness_key, fair_tag)
 VALUES (%(id)s, %(actor)s, %(queue)s, %(payload)s::jsonb,
         CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
         %(priority)s, %(tags)s::text[], %(max_attempts)s,
         greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
-        now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s, %(idempotent)s,
+        now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s, %(workflow_id)s::uuid, %(idempotent)s,
         %(trace_context)s::jsonb, %(concurrency_key)s::text, %(fairness_key)s::text,
         CASE WHEN %(fairness_key)s::text IS NOT NULL
                   OR EXISTS (SELECT 1 FROM taskq.fair_queues AS f WHERE f.queue = %(queue)s::text)
@@ -40,13 +40,13 @@ WITH fair AS MATERIALIZED (
        OR EXISTS (SELECT 1 FROM taskq.fair_queues AS f WHERE f.queue = %(queue)s::text)
 ), ins AS (
     INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
-                            scheduled_at, schedule_to_close, parent_id, idempotent, trace_context, concurrency_key,
+                            scheduled_at, schedule_to_close, parent_id, workflow_id, idempotent, trace_context, concurrency_key,
                             fairness_key, fair_tag)
     SELECT u.id, %(actor)s::text, %(queue)s::text, u.payload::jsonb,
            CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
            %(priority)s::int, %(tags)s::text[], %(max_attempts)s::int,
            greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
-           now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s::uuid,
+           now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s::uuid, %(workflow_id)s::uuid,
            %(idempotent)s::boolean, %(trace_context)s::jsonb, %(concurrency_key)s::text,
            u.fkey, fair.base + coalesce(u.rank, u.ord) * fair.step
     FROM unnest(%(ids)b::uuid[], %(payloads)b::text[], %(fairness_keys)b::text[], %(fairness_ranks)b::int[])
@@ -63,13 +63,13 @@ FROM ins;
 -- job_insert for a job with a unique key: writes nothing (returns no row) when another job holds the
 -- key in jobs_unique_key_idx. The conflict target names that index by its column and predicate.
 INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
-                        scheduled_at, schedule_to_close, parent_id, idempotent, unique_key, unique_scope,
+                        scheduled_at, schedule_to_close, parent_id, workflow_id, idempotent, unique_key, unique_scope,
                         trace_context, concurrency_key, fairness_key, fair_tag)
 VALUES (%(id)s, %(actor)s, %(queue)s, %(payload)s::jsonb,
         CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
         %(priority)s, %(tags)s::text[], %(max_attempts)s,
         greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
-        now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s, %(idempotent)s,
+        now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s, %(workflow_id)s::uuid, %(idempotent)s,
         %(unique_key)s, %(unique_scope)s, %(trace_context)s::jsonb, %(concurrency_key)s::text, %(fairness_key)s::text,
         CASE WHEN %(fairness_key)s::text IS NOT NULL
                   OR EXISTS (SELECT 1 FROM taskq.fair_queues AS f WHERE f.queue = %(queue)s::text)
@@ -104,13 +104,13 @@ WITH fair AS MATERIALIZED (
        OR EXISTS (SELECT 1 FROM taskq.fair_queues AS f WHERE f.queue = %(queue)s::text)
 ), ins AS (
     INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
-                            scheduled_at, schedule_to_close, parent_id, idempotent, unique_key, unique_scope,
+                            scheduled_at, schedule_to_close, parent_id, workflow_id, idempotent, unique_key, unique_scope,
                             trace_context, concurrency_key, fairness_key, fair_tag)
     SELECT u.id, %(actor)s::text, %(queue)s::text, u.payload::jsonb,
            CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
            %(priority)s::int, %(tags)s::text[], %(max_attempts)s::int,
            greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
-           now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s::uuid,
+           now() + %(schedule_to_close)s::float8 * interval '1 second', %(parent_id)s::uuid, %(workflow_id)s::uuid,
            %(idempotent)s::boolean, u.key, CASE WHEN u.key IS NOT NULL THEN %(unique_scope)s::text END,
            %(trace_context)s::jsonb, %(concurrency_key)s::text,
            u.fkey, fair.base + coalesce(u.rank, u.ord) * fair.step
@@ -141,6 +141,10 @@ SELECT pg_notify('taskq_jobs', %(queue)s::text);
 -- name: job_get
 SELECT * FROM taskq.jobs WHERE id = %(id)s;
 
+-- name: job_workflow_id
+-- The workflow of a job (a child enqueued by a running member inherits it).
+SELECT workflow_id FROM taskq.jobs WHERE id = %(id)s;
+
 -- name: job_status
 SELECT status FROM taskq.jobs WHERE id = %(id)s;
 
@@ -161,6 +165,9 @@ WHERE (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
   AND (%(tags)s::text[] IS NULL OR tags @> %(tags)s::text[])
   AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s::timestamptz)
   AND (%(created_after)s::timestamptz IS NULL OR created_at > %(created_after)s::timestamptz)
+  AND (%(workflow_id)s::uuid IS NULL OR workflow_id = %(workflow_id)s::uuid)
+  AND (%(waiting)s::text IS NULL OR (status = 'scheduled' AND wait_kind IS NOT NULL
+                                     AND (%(waiting)s::text = 'any' OR wait_kind = %(waiting)s::text)))
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
 
@@ -212,6 +219,9 @@ WITH target AS (
       AND (%(tags)s::text[] IS NULL OR tags @> %(tags)s::text[])
       AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s::timestamptz)
       AND (%(created_after)s::timestamptz IS NULL OR created_at > %(created_after)s::timestamptz)
+      AND (%(workflow_id)s::uuid IS NULL OR workflow_id = %(workflow_id)s::uuid)
+      AND (%(waiting)s::text IS NULL OR (status = 'scheduled' AND wait_kind IS NOT NULL
+                                         AND (%(waiting)s::text = 'any' OR wait_kind = %(waiting)s::text)))
       AND (status IN ('pending', 'scheduled', 'awaiting_parents') OR (status = 'running' AND cancel_requested_at IS NULL))
     ORDER BY id
     LIMIT %(limit)s
@@ -245,6 +255,55 @@ SELECT u.id, u.prev,
              THEN pg_notify('taskq_cancel', concat_ws(':', u.id, u.attempt, u.claim_epoch, u.worker_id))
         END) IS NULL AS _n
 FROM upd AS u;
+
+-- name: job_cancel_workflow
+-- Cancel every member of a workflow that has not ended (JobsClient.cancel_workflow), in one statement, as
+-- job_cancel_request does for one job: the waiting members (pending, scheduled (sleeping and signal-waiting
+-- ones too), awaiting_parents) end cancelled (CancelledBeforeStart); the running ones without a cancel
+-- request get one (cancel_phase 1, a NOTIFY to their worker, whose ladder goes on from there). The members
+-- are locked in id order; one already ended, or ending while this statement waited for its lock, is left
+-- alone, as is a running one with a cancel already in flight. Each changed member's event names the
+-- workflow (detail.workflow_id) and so does its cancel_reason when none is given. The dependency cascade
+-- runs at the statement's end (jobs_settle_dependents) and finds the members already cancelled here.
+-- One row per unfinished member (none: `total` alone, with NULLs), each with the workflow's member count.
+WITH members AS (
+    SELECT id, status AS prev, cancel_requested_at IS NOT NULL AS requested, wait_kind
+    FROM taskq.jobs
+    WHERE workflow_id = %(workflow_id)s::uuid
+      AND status IN ('pending', 'scheduled', 'awaiting_parents', 'running')
+    ORDER BY id
+    FOR UPDATE
+), upd AS (
+    UPDATE taskq.jobs AS j SET
+        revision = j.revision + 1,
+        status = CASE WHEN t.prev = 'running' THEN j.status ELSE 'cancelled' END,
+        cancel_phase = CASE WHEN t.prev = 'running' THEN greatest(j.cancel_phase, 1) ELSE j.cancel_phase END,
+        cancel_requested_at = now(),
+        cancel_reason = coalesce(%(reason)s::text, 'workflow-cancel:' || %(workflow_id)s::text),
+        error_class = CASE WHEN t.prev = 'running' THEN j.error_class ELSE 'CancelledBeforeStart' END,
+        finished_at = CASE WHEN t.prev = 'running' THEN j.finished_at ELSE now() END
+    FROM members AS t
+    WHERE j.id = t.id AND (t.prev <> 'running' OR NOT t.requested)
+    RETURNING j.id, t.prev, j.status, j.attempt, j.claim_epoch, j.worker_id
+), ev AS (
+    INSERT INTO taskq.job_events (job_id, kind, from_status, to_status, attempt, worker_id, detail)
+    SELECT u.id, CASE WHEN u.status = 'cancelled' THEN 'state_change' ELSE 'cancel_requested' END,
+           u.prev, u.status, u.attempt, u.worker_id,
+           jsonb_build_object('reason', %(reason)s::text, 'origin', 'operator',
+                              'workflow_id', %(workflow_id)s::text)
+           || CASE WHEN u.status = 'cancelled'
+                   THEN jsonb_build_object('error_class', 'CancelledBeforeStart')
+                   ELSE jsonb_build_object('cancel_phase_to', 1) END
+    FROM upd AS u
+)
+SELECT t.total, m.id, m.prev, m.wait_kind, u.status AS new_status,
+       (CASE WHEN u.status = 'running'
+             THEN pg_notify('taskq_cancel', concat_ws(':', u.id, u.attempt, u.claim_epoch, u.worker_id))
+        END) IS NULL AS _n
+FROM (SELECT count(*) AS total FROM taskq.jobs WHERE workflow_id = %(workflow_id)s::uuid) AS t
+LEFT JOIN members AS m ON true
+LEFT JOIN upd AS u ON u.id = m.id
+ORDER BY m.id;
 
 -- name: job_requeue
 -- The operator's requeue of one job, in one statement: from failed, crashed or abandoned back to
@@ -317,6 +376,9 @@ WITH target AS (
       AND (%(tags)s::text[] IS NULL OR tags @> %(tags)s::text[])
       AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s::timestamptz)
       AND (%(created_after)s::timestamptz IS NULL OR created_at > %(created_after)s::timestamptz)
+      AND (%(workflow_id)s::uuid IS NULL OR workflow_id = %(workflow_id)s::uuid)
+      AND (%(waiting)s::text IS NULL OR (status = 'scheduled' AND wait_kind IS NOT NULL
+                                         AND (%(waiting)s::text = 'any' OR wait_kind = %(waiting)s::text)))
       AND status IN ('failed', 'crashed', 'abandoned')
       AND (%(after)s::uuid IS NULL OR id > %(after)s::uuid)
     ORDER BY id

@@ -28,7 +28,7 @@ REVOKE ALL ON FUNCTION taskq.delete_terminal_jobs(uuid[]), taskq.delete_finished
     taskq.revive_dependents(uuid[], text), taskq.settle_backlog(integer),
     taskq.delete_operator_requests(text[], text[], float8), taskq.delete_operator_audit(bigint[], float8),
     taskq.audit_session_v15(text, text, uuid, text, text, text, jsonb), taskq.delete_terminal_jobs_v17(uuid[]),
-    taskq.signal_ready_v17(uuid, text)
+    taskq.signal_ready_v17(uuid, text), taskq.audit_session_v18(text, text, uuid, text, text, text, jsonb)
     FROM :"worker_role", :"client_role";
 -- owner-only: the three trigger functions (a trigger fires without EXECUTE), the audit's one writer (the
 -- functions below call it as the owner), the audit function of the web role and the token functions of the
@@ -38,7 +38,11 @@ REVOKE ALL ON FUNCTION taskq.record_lease_loss(), taskq.note_settled(), taskq.se
         boolean),
     taskq.audit_write_v15(text, text, text, text, text, text, bigint, jsonb, uuid[], text[], bigint[], text[]),
     taskq.token_create_v15(text, text, text[], text), taskq.token_revoke_v15(text, text),
-    taskq.operator_event_guard_v15(), taskq.api_tokens_revoked_once_v15()
+    taskq.operator_event_guard_v15(), taskq.api_tokens_revoked_once_v15(),
+    taskq.audit_append_v18(text, text, text, text, text, text, bigint, jsonb, uuid[], text[], bigint[], text[],
+        boolean),
+    taskq.audit_write_v18(text, text, text, text, text, text, bigint, jsonb, uuid[], text[], bigint[], text[]),
+    taskq.token_create_v18(text, text, text[], text)
     FROM PUBLIC, :"worker_role", :"client_role";
 
 GRANT USAGE ON SCHEMA taskq TO :"worker_role", :"client_role";
@@ -132,7 +136,8 @@ GRANT UPDATE (status, cancel_phase, cancel_requested_at, cancel_reason, error_cl
 -- schedule pause|resume|limit|trigger) are audited through an owner function that writes the principal
 -- 'db:' || session_user and nothing else; 'operator' events on job_events are refused to every direct
 -- insert (a trigger), whatever the INSERT grant below.
-GRANT EXECUTE ON FUNCTION taskq.audit_session_v15(text, text, uuid, text, text, text, jsonb) TO :"client_role";
+GRANT EXECUTE ON FUNCTION taskq.audit_session_v15(text, text, uuid, text, text, text, jsonb),
+    taskq.audit_session_v18(text, text, uuid, text, text, text, jsonb) TO :"client_role";
 -- the dashboard's workers page and GET /api/v1/workers: the registry, read only (hosts, pids, queues,
 -- heartbeats and leases; no secret). Writing it stays the worker role's.
 GRANT SELECT ON taskq.workers TO :"client_role";
@@ -180,7 +185,8 @@ BEGIN;
 REVOKE ALL ON ALL TABLES IN SCHEMA taskq FROM :"web_role";
 REVOKE ALL ON SCHEMA taskq FROM :"web_role";
 REVOKE ALL ON FUNCTION taskq.revive_dependents(uuid[], text), taskq.signal_ready_v17(uuid, text),
-    taskq.audit_write_v15(text, text, text, text, text, text, bigint, jsonb, uuid[], text[], bigint[], text[])
+    taskq.audit_write_v15(text, text, text, text, text, text, bigint, jsonb, uuid[], text[], bigint[], text[]),
+    taskq.audit_write_v18(text, text, text, text, text, text, bigint, jsonb, uuid[], text[], bigint[], text[])
     FROM :"web_role";
 GRANT USAGE ON SCHEMA taskq TO :"web_role";
 GRANT SELECT ON taskq.jobs, taskq.job_events, taskq.job_dependencies, taskq.job_attempts, taskq.workers,
@@ -219,7 +225,8 @@ GRANT SELECT ON taskq.operator_audit TO :"web_role";
 GRANT SELECT, INSERT, UPDATE (last_seen_at, idle_expires_at, ended_at), DELETE ON taskq.web_sessions
     TO :"web_role";
 GRANT EXECUTE ON FUNCTION
-    taskq.audit_write_v15(text, text, text, text, text, text, bigint, jsonb, uuid[], text[], bigint[], text[])
+    taskq.audit_write_v15(text, text, text, text, text, text, bigint, jsonb, uuid[], text[], bigint[], text[]),
+    taskq.audit_write_v18(text, text, text, text, text, text, bigint, jsonb, uuid[], text[], bigint[], text[])
     TO :"web_role";
 COMMIT;
 \endif
@@ -231,11 +238,13 @@ COMMIT;
 BEGIN;
 REVOKE ALL ON ALL TABLES IN SCHEMA taskq FROM :"admin_role";
 REVOKE ALL ON SCHEMA taskq FROM :"admin_role";
-REVOKE ALL ON FUNCTION taskq.token_create_v15(text, text, text[], text), taskq.token_revoke_v15(text, text)
+REVOKE ALL ON FUNCTION taskq.token_create_v15(text, text, text[], text), taskq.token_revoke_v15(text, text),
+    taskq.token_create_v18(text, text, text[], text)
     FROM :"admin_role";
 GRANT USAGE ON SCHEMA taskq TO :"admin_role";
 GRANT SELECT ON taskq.api_tokens, taskq.operator_audit, taskq.schema_migrations TO :"admin_role";
-GRANT EXECUTE ON FUNCTION taskq.token_create_v15(text, text, text[], text), taskq.token_revoke_v15(text, text)
+GRANT EXECUTE ON FUNCTION taskq.token_create_v15(text, text, text[], text), taskq.token_revoke_v15(text, text),
+    taskq.token_create_v18(text, text, text[], text)
     TO :"admin_role";
 COMMIT;
 \endif

@@ -8,7 +8,7 @@
 -- Through the owner function (the admin role): it checks the grants, sets created_by to session_user and
 -- writes the tokens:create audit row. No row when the name is taken.
 SELECT name, grants, created_at, created_by, last_used_at, revoked_at
-FROM taskq.token_create_v15(%(name)s, %(token_hash)s, %(grants)s::text[], %(os_user)s);
+FROM taskq.token_create_v18(%(name)s, %(token_hash)s, %(grants)s::text[], %(os_user)s);
 
 -- name: token_list
 SELECT name, grants, created_at, created_by, last_used_at, revoked_at FROM taskq.api_tokens ORDER BY name;
@@ -56,14 +56,14 @@ WHERE principal = %(principal)s AND key = %(key)s;
 -- 'operator' event on its timeline, in the caller's transaction, through the owner function (the web
 -- role): it refuses an unknown action or outcome, a principal that is not a live token (or anonymous) and
 -- a job that is not in the queue given, and folds a refused write repeated within 60 s into its row.
-SELECT taskq.audit_write_v15(%(principal)s, %(action)s, %(schedule)s, %(reason)s, %(request_id)s,
+SELECT taskq.audit_write_v18(%(principal)s, %(action)s, %(schedule)s, %(reason)s, %(request_id)s,
                              %(idempotency_key)s, %(expected_revision)s, %(detail)s::jsonb, %(job_ids)s::uuid[],
                              %(queues)s::text[], %(revisions)s::bigint[], %(outcomes)s::text[]) AS written;
 
 -- name: audit_session
 -- One audit row for a CLI write (the client role): the principal is 'db:' || session_user, set by the
 -- database.
-SELECT taskq.audit_session_v15(%(action)s, %(outcome)s, %(job_id)s::uuid, %(queue)s, %(schedule)s, %(reason)s,
+SELECT taskq.audit_session_v18(%(action)s, %(outcome)s, %(job_id)s::uuid, %(queue)s, %(schedule)s, %(reason)s,
                                %(detail)s::jsonb) AS written;
 
 -- name: audit_for_job
@@ -149,6 +149,9 @@ WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(parent_id)s::uuid IS NULL OR parent_id = %(parent_id)s::uuid)
   AND (%(created_after)s::timestamptz IS NULL OR created_at > %(created_after)s::timestamptz)
   AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s::timestamptz)
+  AND (%(workflow_id)s::uuid IS NULL OR workflow_id = %(workflow_id)s::uuid)
+  AND (%(waiting)s::text IS NULL OR (status = 'scheduled' AND wait_kind IS NOT NULL
+                                     AND (%(waiting)s::text = 'any' OR wait_kind = %(waiting)s::text)))
   AND (%(readable)s::text[] IS NULL OR queue = ANY(%(readable_names)s::text[])
        OR queue LIKE ANY(%(readable_like)s::text[]))
   AND (%(allowed)s::text[] IS NULL OR queue = ANY(%(allowed_names)s::text[])
@@ -159,6 +162,20 @@ WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
            AND (created_at < %(after_at)s::timestamptz OR id < %(after_id)s::uuid)))
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
+
+-- name: workflow_queues
+-- The queues a workflow's members are in (jobs_workflow_idx), for the grant check of its cancel.
+SELECT DISTINCT queue FROM taskq.jobs WHERE workflow_id = %(workflow_id)s::uuid ORDER BY queue;
+
+-- name: workflow_members
+-- A workflow's members, oldest first (jobs_workflow_idx), at most %(limit)s.
+SELECT * FROM taskq.jobs WHERE workflow_id = %(workflow_id)s::uuid ORDER BY created_at, id LIMIT %(limit)s;
+
+-- name: workflow_edges
+-- The dependency edges into the workflow's members (job_dependencies_child_idx), parent -> child.
+SELECT d.parent_id, d.child_id
+FROM taskq.jobs AS c JOIN taskq.job_dependencies AS d ON d.child_id = c.id
+WHERE c.workflow_id = %(workflow_id)s::uuid;
 
 -- name: job_children
 SELECT * FROM taskq.jobs WHERE parent_id = %(id)s ORDER BY created_at, id LIMIT %(limit)s;

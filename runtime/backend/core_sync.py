@@ -42,7 +42,16 @@ from taskq.backend.params import (
 from taskq.backend.sync_pool import LazyConnectionPool, SyncNotifier
 from taskq.dsn import redact_dsn
 from taskq.exceptions import DatabaseUnavailable, SchemaNotReady, SchemaTooNew, UniqueKeyContention
-from taskq.models import BulkCancelResult, JobAttempt, JobEvent, JobFilter, JobRow, JobStatus, ScheduleInfo
+from taskq.models import (
+    BulkCancelResult,
+    JobAttempt,
+    JobEvent,
+    JobFilter,
+    JobRow,
+    JobStatus,
+    ScheduleInfo,
+    WorkflowCancelResult,
+)
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 
@@ -271,6 +280,14 @@ class SyncBackend:
         return JobStatus(row[0]) if row else None
 
     @reports_outage
+    def job_workflow_id(self, job_id: UUID) -> UUID | None:
+        """The workflow the job belongs to (None: none, or no such job)."""
+        with self.pool.connection() as conn:
+            cur = conn.execute(sql.query("job_workflow_id"), {"id": job_id})
+            row = cur.fetchone()
+        return row[0] if row else None
+
+    @reports_outage
     def job_list(self, flt: JobFilter, *, limit: int = 100) -> list[JobRow]:
         params = filter_params(flt) | {"limit": limit}
         with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
@@ -326,6 +343,41 @@ class SyncBackend:
                     status = JobStatus(prev)
                     counts[status] = counts.get(status, 0) + 1
         return BulkCancelResult(by_previous_status=counts, job_ids=tuple(ids), batches=batches)
+
+    @reports_outage
+    def cancel_workflow(self, workflow_id: UUID, reason: str | None) -> WorkflowCancelResult | None:
+        """Cancel every unfinished member of the workflow in one statement (job_cancel_workflow); None when no
+        job carries the id."""
+        with self.pool.connection() as conn:
+            cur = conn.execute(sql.query("job_cancel_workflow"), {"workflow_id": workflow_id, "reason": reason})
+            rows = cur.fetchall()
+        total = int(rows[0][0]) if rows else 0
+        if total == 0:
+            return None
+        cancelled = suspended = requested = cancelling = 0
+        ids: list[UUID] = []
+        for _, job_id, prev, wait_kind, new_status, _ in rows:
+            if job_id is None:
+                continue
+            if new_status is None:
+                cancelling += 1
+                continue
+            ids.append(job_id)
+            if prev == "running":
+                requested += 1
+            else:
+                cancelled += 1
+                suspended += prev == "scheduled" and wait_kind is not None
+        return WorkflowCancelResult(
+            workflow_id=workflow_id,
+            members=total,
+            cancelled=cancelled,
+            suspended=suspended,
+            cancel_requested=requested,
+            already_cancelling=cancelling,
+            already_ended=total - cancelled - requested - cancelling,
+            job_ids=tuple(ids),
+        )
 
     # -- schedules -------------------------------------------------------------------------------
 

@@ -36,6 +36,8 @@ class JobOptions:
     fairness_key: str | None = None
     """The key its queue shares starts by (None: the empty key); one for all the jobs of a batch unless
     the batch gives one per job (JobBatch.fairness_keys)."""
+    workflow_id: UUID | None = None
+    """The workflow the job belongs to (JobsClient.workflow(), or inherited by a child of a member)."""
 
     def params(self) -> dict[str, Any]:
         return {
@@ -50,6 +52,7 @@ class JobOptions:
             "scheduled_at": self.scheduled_at,
             "schedule_to_close": self.schedule_to_close,
             "parent_id": self.parent_id,
+            "workflow_id": self.workflow_id,
             "trace_context": self.trace_context,
         }
 
@@ -144,6 +147,8 @@ def filter_params(flt: JobFilter) -> dict[str, Any]:
         "tags": list(flt.tags) if flt.tags else None,
         "created_before": flt.created_before,
         "created_after": flt.created_after,
+        "workflow_id": flt.workflow_id,
+        "waiting": flt.waiting,
     }
 
 
@@ -212,6 +217,7 @@ class InsertedJob:
                 trace_context=from_json(opts.trace_context) if opts.trace_context is not None else None,
                 concurrency_key=opts.concurrency_key,
                 fairness_key=opts.fairness_key,
+                workflow_id=opts.workflow_id,
             )
         )
 

@@ -153,7 +153,7 @@ async def audit(
     conn: AsyncConnection[Any], entry: AuditEntry, touched: list[tuple[UUID | None, str | None, int | None, str]]
 ) -> None:
     """Write the audit rows (one per (job id, queue, revision, outcome) touched) in the caller's transaction,
-    through the database's audit function (`taskq.audit_write_v15`, the web role's): it refuses an unknown
+    through the database's audit function (`taskq.audit_write_v18`, the web role's): it refuses an unknown
     action or outcome, a principal that is not a live token's name nor `anonymous`, and a job not in the
     queue given (the action's transaction then rolls back); a refused write (`conflict`,
     `unique_key_held`) repeated by the same principal on the same job within 60 s only counts on its row."""
@@ -184,7 +184,7 @@ async def audit_session(
     backend: Backend, action: str, outcome: str, *, job_id: UUID | None = None, queue: str | None = None,
     schedule: str | None = None, reason: str | None = None, detail: dict[str, Any] | None = None,
 ) -> None:
-    """One audit row for an operator write made from the CLI (`taskq.audit_session_v15`, the client role's):
+    """One audit row for an operator write made from the CLI (`taskq.audit_session_v18`, the client role's):
     the database sets the principal to `db:<session_user>`; a job given without its queue gets its own."""
     await fetch_all(backend, "audit_session", {
         "action": action, "outcome": outcome, "job_id": job_id, "queue": queue, "schedule": schedule,

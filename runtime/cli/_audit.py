@@ -1,6 +1,6 @@
 """The audit row of a CLI operator write (`taskq cancel`, `requeue`, `queue pause|resume|limit`,
 `schedule pause|resume|trigger`): one per command, written after the change through the database's
-`taskq.audit_session_v15`, which sets the principal to `db:<the database role>` itself. The audit is the
+`taskq.audit_session_v18`, which sets the principal to `db:<the database role>` itself. The audit is the
 CLI's, not JobsClient's: application code calling JobsClient writes no audit row."""
 
 from __future__ import annotations

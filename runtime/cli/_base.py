@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from taskq.cli.args import workflow_id_arg
 from taskq.client import JobsClient
 from taskq.dsn import resolve_dsn
 from taskq.embedded import data_dir
@@ -86,6 +87,7 @@ JSON_ARG = arg("--json", action="store_true", help="print JSON for scripts inste
 
 
 STATUS_CHOICES = [s.value for s in JobStatus]
+WAITING_CHOICES = ["sleep", "signal", "any"]
 
 
 FILTER_ARGS = (
@@ -96,6 +98,10 @@ FILTER_ARGS = (
         help=f"jobs in this status (repeat: any of them); one of {', '.join(STATUS_CHOICES)}"),
     arg("--unfinished", action="store_true",
         help="only unfinished jobs (pending, scheduled, awaiting_parents, running)"),
+    arg("--workflow", type=workflow_id_arg, metavar="ID",
+        help="the members of this workflow (its id: `wf.id` of client.workflow())"),
+    arg("--waiting", choices=WAITING_CHOICES,
+        help="jobs suspended by ctx.sleep (sleep), ctx.wait_for_signal (signal), or either (any)"),
 )
 
 
@@ -107,11 +113,13 @@ def job_filter(args: argparse.Namespace) -> JobFilter | None:
         "queues": args.queue,
         "statuses": args.status,
     }
-    if not any(given.values()) and not args.unfinished:
+    workflow, waiting = getattr(args, "workflow", None), getattr(args, "waiting", None)
+    if not any(given.values()) and not args.unfinished and workflow is None and waiting is None:
         return None
     try:
         return JobFilter(
-            **{k: tuple(v) for k, v in given.items() if v}, unfinished=args.unfinished
+            **{k: tuple(v) for k, v in given.items() if v}, unfinished=args.unfinished, workflow_id=workflow,
+            waiting=waiting,
         )
     except ValidationError as exc:
         first = exc.errors()[0]

@@ -18,6 +18,13 @@ def job_id_arg(text: str) -> UUID:
         raise argparse.ArgumentTypeError(f"not a job id (expected a UUID): {text!r}") from None
 
 
+def workflow_id_arg(text: str) -> UUID:
+    try:
+        return UUID(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a workflow id (expected a UUID): {text[:80]!r}") from None
+
+
 def int_arg(low: int, high: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:

@@ -11,6 +11,7 @@ import json
 from typing import Any
 from uuid import UUID
 
+from taskq.cli import _audit as audit
 from taskq.cli import output as cli_output
 from taskq.cli._base import JSON_ARG, Command, arg, emit, with_client
 from taskq.client import JobsClient
@@ -38,6 +39,8 @@ def cmd_signal(args: argparse.Namespace) -> int:
             raise NotFound(f"no job with id {job_id}") from None
         except SignalRefused as exc:
             raise UsageError(str(exc)) from None
+        await audit.record(client, "jobs:signal", "signalled", job_id=job_id,
+                           detail={"signal": name, "signal_id": sent.signal_id, "woke": sent.woke})
         if args.json:
             emit(cli_output.to_json(sent))
         else:

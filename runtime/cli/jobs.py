@@ -16,7 +16,7 @@ from taskq.cli._base import FILTER_ARGS, JSON_ARG, PROG, Command, arg, emit, job
 from taskq.cli.args import int_arg, job_id_arg, seconds_arg, when_arg
 from taskq.client import JobHandle, JobsClient
 from taskq.enqueue import DEFAULT_MAX_PAYLOAD_BYTES, prepare_insert
-from taskq.exceptions import NotFound, UsageError
+from taskq.exceptions import NotFound, UsageError, WorkflowNotFound
 from taskq.exitcodes import ExitCode
 from taskq.models import UNIQUE_SCOPES, JobFilter, JobStatus
 from taskq.ops import queues
@@ -62,6 +62,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
+    if args.workflow is not None:
+        return cancel_workflow(args)
     flt = job_filter(args)
     if args.job_id is not None and flt is not None:
         raise UsageError(
@@ -90,6 +92,32 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             await audit.record(client, "jobs:cancel", "cancelled" if bulk.job_ids else "unchanged", reason=reason,
                                detail=audit.bulk_detail(bulk.by_previous_status, bulk.job_ids))
             emit(cli_output.to_json(bulk) if args.json else cli_output.bulk_cancel_summary(bulk))
+        return ExitCode.OK
+
+    return with_client(args, body)
+
+
+def cancel_workflow(args: argparse.Namespace) -> int:
+    """`taskq cancel --workflow ID`: every unfinished member of the workflow, counted per outcome."""
+    others = [f"--{name}" for name in ("tag", "actor", "queue", "status") if getattr(args, name)]
+    others += ["--unfinished"] if args.unfinished else []
+    others += ["--waiting"] if args.waiting else []
+    if args.job_id is not None or others:
+        raise UsageError("--workflow cancels the whole workflow: give no job ID and no other filter "
+                         f"(got {', '.join(others) or 'a job ID'}); `taskq jobs --workflow ID` lists its members")
+    reason = check_reason(args.reason)
+    workflow_id: UUID = args.workflow
+
+    async def body(client: JobsClient) -> int:
+        try:
+            result = await client.cancel_workflow(workflow_id, reason=reason)
+        except WorkflowNotFound:
+            raise NotFound(f"no job belongs to workflow {workflow_id}") from None
+        await audit.record(client, "jobs:cancel", "cancelled" if result.job_ids else "unchanged", reason=reason,
+                           detail={"workflow_id": str(workflow_id), "members": result.members,
+                                   "cancelled": result.cancelled, "cancel_requested": result.cancel_requested,
+                                   "job_ids": [str(i) for i in result.job_ids[:100]]})
+        emit(cli_output.to_json(result) if args.json else cli_output.workflow_cancel_summary(result))
         return ExitCode.OK
 
     return with_client(args, body)
@@ -174,7 +202,8 @@ CANCEL = Command(
         ),
         description="Pending and scheduled jobs end cancelled at once (CancelledBeforeStart); running jobs "
         "get a cancel request their worker acts on. Give an ID, or filters (not both): filters cancel "
-        "every matching unfinished job.",
+        "every matching unfinished job. --workflow ID alone cancels every unfinished member of that "
+        "workflow and counts them per outcome.",
     )
 
 JOBS = Command(

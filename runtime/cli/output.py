@@ -22,6 +22,7 @@ from taskq.models import (
     JobRow,
     JobStatus,
     RequeueResult,
+    WorkflowCancelResult,
 )
 
 MAX_CELL = 48
@@ -266,6 +267,21 @@ def bulk_cancel_summary(result: BulkCancelResult) -> str:
         f"{text}\n{result.cancelled_before_start} cancelled before start, "
         f"{result.running_requested} running asked to stop"
     )
+
+
+def workflow_cancel_summary(result: WorkflowCancelResult) -> str:
+    """What `taskq cancel --workflow ID` did: the members per outcome."""
+    rows: list[tuple[object, ...]] = [
+        ("cancelled (were waiting)", result.cancelled),
+        ("  of which sleeping or waiting for a signal", result.suspended),
+        ("asked to stop (running)", result.cancel_requested),
+        ("cancel already in flight", result.already_cancelling),
+        ("already ended", result.already_ended),
+        ("members", result.members),
+    ]
+    note = ("running members go through the cancel ladder on their workers (see `taskq jobs --workflow "
+            f"{result.workflow_id}`)") if result.cancel_requested else "nothing is left running"
+    return f"workflow {result.workflow_id}\n{table(('outcome', 'jobs'), rows)}\n{note}"
 
 
 def requeue_summary(result: RequeueResult) -> str:

@@ -16,7 +16,7 @@ from taskq.checks import as_job_id
 from taskq.exceptions import JobNotFound, SignalInvalid, SignalRefused
 
 __all__ = ["MAX_NAME", "MAX_SIGNAL_PAYLOAD", "SignalResult", "check_name", "check_signal_payload",
-           "job_signals", "job_steps", "send_signal"]
+           "job_signals", "job_steps", "send_signal", "send_signal_json"]
 
 MAX_NAME = 200
 """The longest step or signal name, in characters."""
@@ -70,9 +70,16 @@ async def send_signal(backend: Backend, job_id: UUID | str, name: str, payload: 
     """Send signal `name` with `payload` to the job: kept until a `ctx.wait_for_signal(name)` of the job takes
     it (in the order sent); a job waiting for that name is due at once. JobNotFound for an unknown id,
     SignalRefused for a job that has ended, SignalInvalid for a bad name or payload: nothing stored then."""
+    name = check_name(name, "signal")
+    return await send_signal_json(backend, job_id, name, check_signal_payload(payload), sent_by=sent_by)
+
+
+async def send_signal_json(backend: Backend, job_id: UUID | str, name: str, text: str | None, *,
+                           sent_by: str | None = None) -> SignalResult:
+    """`send_signal` of a payload already checked and encoded by `check_signal_payload` (the web API checks
+    the name and the payload first, each answered as its own field)."""
     jid = as_job_id(job_id)
     name = check_name(name, "signal")
-    text = check_signal_payload(payload)
     async with backend.pool.connection() as conn:
         sent = await durable_store.send_signal(conn, jid, name, text, sent_by)
     if sent.status is None:

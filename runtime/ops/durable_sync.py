@@ -26,9 +26,17 @@ def send_signal(
     """Send signal `name` with `payload` to the job: kept until a `ctx.wait_for_signal(name)` of the job takes
     it (in the order sent); a job waiting for that name is due at once. JobNotFound for an unknown id,
     SignalRefused for a job that has ended, SignalInvalid for a bad name or payload: nothing stored then."""
+    name = check_name(name, "signal")
+    return send_signal_json(backend, job_id, name, check_signal_payload(payload), sent_by=sent_by)
+
+
+def send_signal_json(
+    backend: SyncBackend, job_id: UUID | str, name: str, text: str | None, *, sent_by: str | None = None
+) -> SignalResult:
+    """`send_signal` of a payload already checked and encoded by `check_signal_payload` (the web API checks
+    the name and the payload first, each answered as its own field)."""
     jid = as_job_id(job_id)
     name = check_name(name, "signal")
-    text = check_signal_payload(payload)
     with backend.pool.connection() as conn:
         sent = durable_store_sync.send_signal(conn, jid, name, text, sent_by)
     if sent.status is None:

@@ -13,8 +13,8 @@ from uuid import UUID
 
 from taskq.actors.declaration import ActorRegistry
 from taskq.backend import Backend, RequeueParams
-from taskq.checks import as_job_id, check_reason
-from taskq.exceptions import ConfigurationError
+from taskq.checks import as_job_id, as_workflow_id, check_reason
+from taskq.exceptions import ConfigurationError, WorkflowNotFound
 from taskq.metrics import cancellation_requested
 from taskq.models import (
     BulkCancelResult,
@@ -23,6 +23,7 @@ from taskq.models import (
     JobFilter,
     JobStatus,
     RequeueResult,
+    WorkflowCancelResult,
 )
 
 MAX_REQUEUE_ATTEMPTS = 1_000_000
@@ -76,6 +77,23 @@ async def cancel_jobs_where(
     check_filter(flt, "cancel", "use JobFilter(unfinished=True) for all")
     check_batch_size(batch_size)
     return await backend.cancel_where(flt, check_reason(reason), batch_size=batch_size)
+
+
+async def cancel_workflow(backend: Backend, workflow_id: UUID | str, reason: str | None = None
+                          ) -> WorkflowCancelResult:
+    """Cancel every member of the workflow that has not ended, in one statement: waiting members
+    (sleeping and signal-waiting ones included) end cancelled at once, running ones get the operator's
+    cancel request and go down the ladder on their workers. Each changed member's event carries the
+    workflow id; its cancel_reason is `reason`, or 'workflow-cancel:<id>' without one. ConfigurationError for
+    an id that is not a UUID, WorkflowNotFound when no job carries it."""
+    wid = as_workflow_id(workflow_id)
+    reason = check_reason(reason)
+    result = await backend.cancel_workflow(wid, reason)
+    if result is None:
+        raise WorkflowNotFound(f"no job belongs to workflow {wid}")
+    if result.job_ids:
+        cancellation_requested()
+    return result
 
 
 # -- requeue ----------------------------------------------------------------------------------------

@@ -16,9 +16,18 @@ from uuid import UUID
 
 from taskq.actors.declaration import ActorRegistry
 from taskq.backend.core_sync import SyncBackend
-from taskq.checks import as_job_id, check_reason
+from taskq.checks import as_job_id, as_workflow_id, check_reason
+from taskq.exceptions import WorkflowNotFound
 from taskq.metrics import cancellation_requested
-from taskq.models import BulkCancelResult, BulkRequeueResult, CancelResult, JobFilter, JobStatus, RequeueResult
+from taskq.models import (
+    BulkCancelResult,
+    BulkRequeueResult,
+    CancelResult,
+    JobFilter,
+    JobStatus,
+    RequeueResult,
+    WorkflowCancelResult,
+)
 from taskq.ops.jobs import (
     Progress,
     _check_cascade,
@@ -53,6 +62,22 @@ def cancel_jobs_where(
     check_filter(flt, "cancel", "use JobFilter(unfinished=True) for all")
     check_batch_size(batch_size)
     return backend.cancel_where(flt, check_reason(reason), batch_size=batch_size)
+
+
+def cancel_workflow(backend: SyncBackend, workflow_id: UUID | str, reason: str | None = None) -> WorkflowCancelResult:
+    """Cancel every member of the workflow that has not ended, in one statement: waiting members
+    (sleeping and signal-waiting ones included) end cancelled at once, running ones get the operator's
+    cancel request and go down the ladder on their workers. Each changed member's event carries the
+    workflow id; its cancel_reason is `reason`, or 'workflow-cancel:<id>' without one. ConfigurationError for
+    an id that is not a UUID, WorkflowNotFound when no job carries it."""
+    wid = as_workflow_id(workflow_id)
+    reason = check_reason(reason)
+    result = backend.cancel_workflow(wid, reason)
+    if result is None:
+        raise WorkflowNotFound(f"no job belongs to workflow {wid}")
+    if result.job_ids:
+        cancellation_requested()
+    return result
 
 
 def requeue_job(

@@ -6,7 +6,7 @@ A grant is `ACTION@QUEUE-PATTERN`: ACTION is one of ACTIONS, `jobs:*` (every job
 pattern matches queue names, `*` standing for any run of characters (`billing-*`, `*`). A token is 256
 random bits shown once; only its SHA-256 is stored.
 
-Create and revoke go through owner functions of the database (migration 15: `token_create_v15`,
+Create and revoke go through owner functions of the database (migrations 15 and 18: `token_create_v18`,
 `token_revoke_v15`, EXECUTE for the admin role of sql/roles.sql): they check the grants, set `created_by`
 to the database role that asked (`session_user`), keep `revoked_at` write-once, end a revoked token's
 dashboard sessions, and write the tokens:create / tokens:revoke audit row (principal `db:<role>`) in the
@@ -33,7 +33,7 @@ from taskq.exceptions import ConfigurationError, TokenExists, TokenNotFound
 from taskq.patterns import queue_matches
 
 ACTIONS = (
-    "jobs:read", "jobs:enqueue", "jobs:cancel", "jobs:requeue",
+    "jobs:read", "jobs:enqueue", "jobs:cancel", "jobs:requeue", "jobs:signal",
     "schedules:read", "schedules:write", "workers:read", "queues:read", "queues:write",
 )
 TOKEN_PREFIX = "tq_"

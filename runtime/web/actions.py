@@ -23,8 +23,9 @@ from psycopg.types.json import Jsonb
 from taskq.actors.declaration import ActorRegistry
 from taskq.backend import Backend, JobInsert
 from taskq.backend.web import AuditEntry, Tx, audit, fetch_all, fetch_one, jobs, page_params, transaction
-from taskq.exceptions import QueueNotFound, ScheduleNotFound
+from taskq.exceptions import QueueNotFound, ScheduleNotFound, SignalRefused, WorkflowNotFound
 from taskq.models import JobFilter, JobRow, JobStatus
+from taskq.ops import durable as durable_ops
 from taskq.ops import jobs as job_ops
 from taskq.ops import queues as queue_ops
 from taskq.ops import schedules as schedule_ops
@@ -195,6 +196,69 @@ async def requeue(
     return await run_write(backend, caller, request_fingerprint, body)
 
 
+async def signal(backend: Backend, caller: Caller, job_id: UUID, *, name: str, payload_json: str | None,
+                 request_fingerprint: str) -> Outcome:
+    """Send a signal (jobs:signal on the job's queue) through taskq.ops.durable, the function `client.signal`
+    calls, with its audit row ('signalled') in the same transaction: 200 with {"job", "signal_id", "name",
+    "woke"} (`woke`: the job was waiting for that name and is due now); 409 STATE_CONFLICT with the row when
+    the job has ended (audited as a conflict; nothing stored); 404 for a job that does not exist. The name
+    and payload are checked before (400)."""
+
+    async def body(tx: Tx) -> Outcome:
+        row = await _locked(tx, job_id)
+        if not caller.principal.may("jobs:signal", row.queue):
+            raise refuse(caller.principal, "jobs:signal", row)
+        entry = caller.entry("jobs:signal", detail={"signal": name})
+        try:
+            sent = await durable_ops.send_signal_json(tx.backend, job_id, name, payload_json,
+                                                      sent_by=caller.principal.name)
+        except SignalRefused as refused:
+            await audit(tx.conn, entry, [(job_id, row.queue, row.revision, "conflict")])
+            return _conflict(caller.principal, f"the job has ended ({refused.status}): a signal can no longer "
+                             "reach it", row)
+        after = await _locked(tx, job_id)
+        await audit(tx.conn, caller.entry("jobs:signal", detail={"signal": name, "signal_id": sent.signal_id,
+                                                                 "woke": sent.woke}),
+                    [(job_id, after.queue, after.revision, "signalled")])
+        return Outcome(200, {"job": shown(caller.principal, after), "signal_id": sent.signal_id, "name": name,
+                             "woke": sent.woke})
+
+    return await run_write(backend, caller, request_fingerprint, body)
+
+
+async def cancel_workflow(backend: Backend, caller: Caller, workflow_id: UUID, *, reason: str | None,
+                          request_fingerprint: str) -> Outcome:
+    """Cancel a whole workflow through taskq.ops.jobs.cancel_workflow (the function of `client.cancel_workflow`
+    and `taskq cancel --workflow`), with one audit row per member it changed, in the same transaction. The
+    grant is jobs:cancel on the queue of every member (ended ones included): a token scoped to some queues
+    may cancel only a workflow that lies wholly in them (403 naming the first other queue it may read). 404
+    when no job carries the id, or when the caller may neither read nor cancel any of its queues. 200 with
+    the counts (WorkflowCancelResult); the running members are asked to stop, not stopped yet."""
+
+    async def body(tx: Tx) -> Outcome:
+        queues = [r["queue"] for r in await fetch_all(tx.conn, "workflow_queues", {"workflow_id": workflow_id})]
+        who = caller.principal
+        if not queues or not any(who.may("jobs:read", q) or who.may("jobs:cancel", q) for q in queues):
+            raise not_found(f"workflow {workflow_id}")
+        for q in queues:
+            if not who.may("jobs:cancel", q):
+                raise forbidden("jobs:cancel", q if who.may("jobs:read", q) else None)
+        try:
+            result = await job_ops.cancel_workflow(tx.backend, workflow_id, reason)
+        except WorkflowNotFound:  # its last member deleted by retention meanwhile
+            raise not_found(f"workflow {workflow_id}") from None
+        after = await tx.backend.job_list(JobFilter(ids=result.job_ids), limit=len(result.job_ids)) \
+            if result.job_ids else []
+        touched: list[tuple[UUID | None, str | None, int | None, str]] = [
+            (r.id, r.queue, r.revision, "cancel_requested" if r.status == JobStatus.RUNNING else "cancelled")
+            for r in after]
+        entry = caller.entry("jobs:cancel", reason=reason, detail={"workflow_id": str(workflow_id)})
+        await audit(tx.conn, entry, touched or [(None, queues[0], None, "unchanged")])
+        return Outcome(200, result.model_dump(mode="json"))
+
+    return await run_write(backend, caller, request_fingerprint, body)
+
+
 async def _readable_holders(tx: Tx, who: Principal, ids: list[UUID]) -> set[UUID]:
     """Which of these jobs (holders of a unique key) the caller may read."""
     if not ids:
@@ -240,6 +304,7 @@ async def _bulk_targets(tx: Tx, caller: Caller, action: str, flt: JobFilter, act
         "statuses": statuses, "queues": list(flt.queues) if flt.queues else None,
         "actors": list(flt.actors) if flt.actors else None, "tags": list(flt.tags) if flt.tags else None,
         "parent_id": None, "created_after": flt.created_after, "created_before": flt.created_before,
+        "workflow_id": flt.workflow_id, "waiting": flt.waiting,
         "readable": caller.principal.readable("jobs:read"), "allowed": caller.principal.readable(action),
         "uncancelled": action == "jobs:cancel", "after_at": None, "after_id": None, "limit": limit + 1,
     }

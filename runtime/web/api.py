@@ -17,12 +17,31 @@ from starlette.routing import BaseRoute, Route
 
 from taskq.actors.declaration import default_registry
 from taskq.enqueue import DEFAULT_MAX_PAYLOAD_BYTES, prepare_insert
-from taskq.exceptions import ConfigurationError, DatabaseUnavailable, PayloadInvalid, StatementTimeout, TokenRevoked
+from taskq.exceptions import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    PayloadInvalid,
+    SignalInvalid,
+    StatementTimeout,
+    TokenRevoked,
+)
+from taskq.ops import durable as durable_ops
 from taskq.ops.queues import check_queue_name
 from taskq.ops.tokens import Principal
 from taskq.web import actions, reads
 from taskq.web.actions import Caller, Outcome
-from taskq.web.bodies import BulkBody, CancelBody, EnqueueBody, LimitBody, M, QueueBody, RequeueBody, WeightBody
+from taskq.web.bodies import (
+    BulkBody,
+    CancelBody,
+    EnqueueBody,
+    LimitBody,
+    M,
+    QueueBody,
+    RequeueBody,
+    SignalBody,
+    WeightBody,
+    WorkflowCancelBody,
+)
 from taskq.web.guard import ensure_request_id
 from taskq.web.openapi import schema
 from taskq.web.problems import PROBLEM_TYPE, Problem, bad_request, forbidden, problem_body
@@ -234,7 +253,8 @@ def _query(request: Request) -> dict[str, list[str]]:
 @endpoint
 async def list_jobs(request: Request) -> Response:
     """GET /jobs: filters status, queue, actor, tag (comma-separated or repeated), parent, created_after,
-    created_before; limit (1-500, default 50) and cursor (the previous page's next_cursor)."""
+    created_before, workflow_id, waiting (sleep, signal or any); limit (1-500, default 50) and cursor (the
+    previous page's next_cursor)."""
     who = await principal(request)
     page = await reads.job_page(await state_of(request).backend(), who, _query(request))
     return ok(request, {"jobs": [r.model_dump(mode="json") for r in page.rows],
@@ -343,6 +363,39 @@ async def requeue_job(request: Request) -> Response:
         await st.backend(), caller(request, who), job_id, reason=parsed.reason, attempts=parsed.attempts,
         expected_revision=expected, registry=st.config.registry or default_registry,
         request_fingerprint=fingerprint(request, _with_revision(body, expected)))
+    return outcome_response(request, outcome)
+
+
+@endpoint
+async def signal_job(request: Request) -> Response:
+    """POST /jobs/{id}:signal: send a signal to the job (jobs:signal on its queue)."""
+    who = await principal(request)
+    job_id = reads.job_id_of(request.path_params["job_id"])
+    body = await json_body(request)
+    parsed = parse_body(SignalBody, body)
+    try:
+        name = durable_ops.check_name(parsed.name, "signal")
+    except SignalInvalid as exc:
+        raise bad_request(f"name: {exc}", errors=[{"field": "name", "message": str(exc)}]) from None
+    try:
+        text = durable_ops.check_signal_payload(parsed.payload)
+    except SignalInvalid as exc:
+        raise bad_request(f"payload: {exc}", errors=[{"field": "payload", "message": str(exc)}]) from None
+    outcome = await actions.signal(await state_of(request).backend(), caller(request, who), job_id, name=name,
+                                   payload_json=text, request_fingerprint=fingerprint(request, body))
+    return outcome_response(request, outcome)
+
+
+@endpoint
+async def cancel_workflow(request: Request) -> Response:
+    """POST /workflows/{id}:cancel: cancel every unfinished member of the workflow (jobs:cancel on all its
+    queues)."""
+    who = await principal(request)
+    workflow_id = reads.workflow_id_of(request.path_params["workflow_id"])
+    body = await json_body(request)
+    parsed = parse_body(WorkflowCancelBody, body)
+    outcome = await actions.cancel_workflow(await state_of(request).backend(), caller(request, who), workflow_id,
+                                            reason=parsed.reason, request_fingerprint=fingerprint(request, body))
     return outcome_response(request, outcome)
 
 
@@ -476,6 +529,8 @@ def routes() -> list[BaseRoute]:
         Route("/jobs:requeue", _bulk("requeue"), methods=["POST"]),
         Route("/jobs/{job_id}:cancel", cancel_job, methods=["POST"]),
         Route("/jobs/{job_id}:requeue", requeue_job, methods=["POST"]),
+        Route("/jobs/{job_id}:signal", signal_job, methods=["POST"]),
+        Route("/workflows/{workflow_id}:cancel", cancel_workflow, methods=["POST"]),
         Route("/jobs/{job_id}/events", _job_rows("events"), methods=["GET"]),
         Route("/jobs/{job_id}/audit", _job_rows("audit"), methods=["GET"]),
         Route("/jobs/{job_id}", get_job, methods=["GET"], name="get_job"),

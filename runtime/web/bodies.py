@@ -49,6 +49,18 @@ class EnqueueBody(_Body):
     characters."""
 
 
+class SignalBody(_Body):
+    """POST /jobs/{id}:signal: the signal's name (1-200 characters, no control character) and its JSON payload
+    (at most 1 MiB), checked by taskq.ops.durable as for `client.signal`."""
+
+    name: str
+    payload: Any = None
+
+
+class WorkflowCancelBody(_Body):
+    reason: str | None = Field(default=None, max_length=10_000)
+
+
 class QueueBody(_Body):
     reason: str | None = Field(default=None, max_length=10_000)
 

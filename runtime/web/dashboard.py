@@ -40,7 +40,7 @@ from taskq.web.api import UNAVAILABLE_TEXT, state_of
 from taskq.web.bodies import MAX_REVISION
 from taskq.web.guard import read_form
 from taskq.web.problems import Problem, forbidden
-from taskq.web.svg import sparkline
+from taskq.web.svg import Node, graph, sparkline
 
 COOKIE = "taskq_session"
 ENV = Environment(loader=PackageLoader("taskq.web", "templates"), autoescape=select_autoescape(["html"]))
@@ -271,6 +271,33 @@ async def job(request: Request, who: Principal) -> Response:
     detail = await reads.job_detail(await st.backend(), who, reads.job_id_of(request.path_params["job_id"]))
     return render(request, "job.html", who, d=detail, j=detail["job"], message=request.query_params.get("msg"),
                   conflict=None)
+
+
+@page
+async def workflow(request: Request, who: Principal) -> Response:
+    """A workflow's page: its members drawn as a graph (server-rendered SVG, each node linking to its job),
+    their counts by status, and the workflow's cancel button."""
+    workflow_id = reads.workflow_id_of(request.path_params["workflow_id"])
+    found = await reads.workflow(await state_of(request).backend(), who, workflow_id)
+    base = base_of(request)
+    nodes = [Node(str(r.id), r.actor, str(r.status), f"{base}/jobs/{r.id}") for r in found["members"]]
+    chart = graph(nodes, [(str(a), str(b)) for a, b in found["edges"]])
+    return render(request, "workflow.html", who, w=found, chart=chart, message=request.query_params.get("msg"))
+
+
+@page
+async def workflow_cancel(request: Request, who: Principal) -> Response:
+    """The workflow page's cancel button, through the API's action (jobs:cancel on every member's queue,
+    idempotency, audit)."""
+    workflow_id = reads.workflow_id_of(request.path_params["workflow_id"])
+    reason = str(form_of(request).get("reason", "")).strip() or None
+    fp = actions.fingerprint("POST", f"/api/v1/workflows/{workflow_id}:cancel", {"reason": reason})
+    outcome = await actions.cancel_workflow(await state_of(request).backend(), caller_of(request, who), workflow_id,
+                                            reason=reason, request_fingerprint=fp)
+    b = outcome.body
+    msg = (f"cancelled {b['cancelled']} waiting, asked {b['cancel_requested']} running to stop, "
+           f"{b['already_ended']} had ended" + (" (replayed: this form was already sent)" if outcome.replayed else ""))
+    return RedirectResponse(f"{base_of(request)}/workflows/{workflow_id}?" + urlencode({"msg": msg}), 303)
 
 
 @page
@@ -520,6 +547,8 @@ def routes() -> list[BaseRoute]:
         Route("/jobs/bulk", bulk, methods=["POST"]),
         Route("/jobs/{job_id}", job, methods=["GET"]),
         Route("/jobs/{job_id}/{verb}", job_action, methods=["POST"]),
+        Route("/workflows/{workflow_id}", workflow, methods=["GET"]),
+        Route("/workflows/{workflow_id}/cancel", workflow_cancel, methods=["POST"]),
         Route("/workers", workers, methods=["GET"]),
         Route("/schedules", schedules, methods=["GET"]),
         Route("/schedules/{name}/{verb}", schedule_action, methods=["POST"]),

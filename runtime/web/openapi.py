@@ -7,7 +7,17 @@ import functools
 from typing import Any
 
 from taskq.models import JobRow
-from taskq.web.bodies import BulkBody, CancelBody, EnqueueBody, LimitBody, QueueBody, RequeueBody, WeightBody
+from taskq.web.bodies import (
+    BulkBody,
+    CancelBody,
+    EnqueueBody,
+    LimitBody,
+    QueueBody,
+    RequeueBody,
+    SignalBody,
+    WeightBody,
+    WorkflowCancelBody,
+)
 
 _REF = "#/components/schemas/{model}"
 
@@ -49,7 +59,9 @@ def _page_params() -> list[dict[str, Any]]:
 def _filters() -> list[dict[str, Any]]:
     names = {"status": "comma-separated statuses", "queue": "queue names", "actor": "actor names",
              "tag": "tags (all must be present)", "parent": "parent job id", "created_after": "ISO 8601",
-             "created_before": "ISO 8601", "limit": "1-500 (default 50)", "cursor": "next_cursor of the last page"}
+             "created_before": "ISO 8601", "workflow_id": "the members of this workflow",
+             "waiting": "sleep | signal | any: jobs suspended by ctx.sleep, ctx.wait_for_signal, or either",
+             "limit": "1-500 (default 50)", "cursor": "next_cursor of the last page"}
     return [{"name": n, "in": "query", "required": False, "schema": {"type": "string"}, "description": d}
             for n, d in names.items()]
 
@@ -69,7 +81,8 @@ def schema() -> dict[str, Any]:
             "with /jobs/{job_id}/events and /audit)",
             "properties": {k: {"type": "boolean"} for k in ("events", "attempts", "audit")}}
     models = {m.__name__: m.model_json_schema(ref_template=_REF)
-              for m in (JobRow, CancelBody, RequeueBody, EnqueueBody, BulkBody, QueueBody, LimitBody, WeightBody)}
+              for m in (JobRow, CancelBody, RequeueBody, EnqueueBody, BulkBody, QueueBody, LimitBody, WeightBody,
+                        SignalBody, WorkflowCancelBody)}
     components: dict[str, Any] = {}
     for name, s in models.items():
         components.update(s.pop("$defs", {}))
@@ -119,6 +132,19 @@ def schema() -> dict[str, Any]:
         "/jobs/{job_id}:requeue": {"post": write("requeueJob", "requeue a failed, crashed or abandoned job",
                                                  "RequeueBody", {"200": _json("requeued", acted)},
                                                  [_JOB_ID, _IF_MATCH])},
+        "/jobs/{job_id}:signal": {"post": write(
+            "signalJob", "send a signal to the job (jobs:signal on its queue): kept until a "
+            "ctx.wait_for_signal(name) of the job takes it; 409 when the job has ended", "SignalBody",
+            {"200": _json("stored: `signal_id`, `woke` (the job was waiting for it and is due now)", acted)},
+            [_JOB_ID])},
+        "/workflows/{workflow_id}:cancel": {"post": write(
+            "cancelWorkflow", "cancel every unfinished member of a workflow (jobs:cancel on every queue it uses)",
+            "WorkflowCancelBody",
+            {"200": _json("counts: cancelled (were waiting), suspended (of those, sleeping or waiting for a "
+                          "signal), cancel_requested (running: asked to stop), already_cancelling, already_ended, "
+                          "members; job_ids changed")},
+            [{"name": "workflow_id", "in": "path", "required": True,
+              "schema": {"type": "string", "format": "uuid"}}])},
         "/jobs:cancel": {"post": write("bulkCancel", "cancel at most `limit` matching jobs", "BulkBody",
                                        {"200": _json("counts by previous status, `more`")}, [])},
         "/jobs:requeue": {"post": write("bulkRequeue", "requeue at most `limit` matching jobs", "BulkBody",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
@@ -19,6 +20,7 @@ from taskq.backend.web import JobPage, fetch_all
 from taskq.checks import check_text
 from taskq.exceptions import ConfigurationError, QueueNotFound
 from taskq.models import JobAttempt, JobEvent, JobFilter, JobRow, JobStatus, QueueLimits
+from taskq.ops import durable as durable_ops
 from taskq.ops import queues as queue_ops
 from taskq.ops import schedules as schedule_ops
 from taskq.ops.tokens import Principal
@@ -28,7 +30,9 @@ from taskq.web.problems import Problem, bad_request, forbidden, not_found
 if TYPE_CHECKING:
     from taskq.web.state import WebState
 
-JOB_FILTERS = ("status", "queue", "actor", "tag", "parent", "created_after", "created_before")
+JOB_FILTERS = ("status", "queue", "actor", "tag", "parent", "created_after", "created_before", "workflow_id",
+               "waiting")
+WAITING = ("sleep", "signal", "any")
 PAGE_PARAMS = ("limit", "cursor")
 DEFAULT_PAGE = 50
 MAX_PAGE = 500
@@ -45,6 +49,13 @@ def job_id_of(text: str) -> UUID:
         return UUID(text)
     except ValueError:
         raise bad_request(f"not a job id (expected a UUID): {text[:80]!r}") from None
+
+
+def workflow_id_of(text: str) -> UUID:
+    try:
+        return UUID(text)
+    except ValueError:
+        raise bad_request(f"not a workflow id (expected a UUID): {text[:80]!r}") from None
 
 
 def _many(values: Sequence[str]) -> list[str]:
@@ -80,6 +91,10 @@ def parse_filter(query: Mapping[str, Sequence[str]], *, allowed: Sequence[str] =
         if s not in JobStatus.__members__.values():
             raise bad_request(f"unknown status {s!r}; statuses: {', '.join(JobStatus)}")
     parents = _many(query.get("parent", ()))
+    workflows = _many(query.get("workflow_id", ()))
+    waiting = _many(query.get("waiting", ()))
+    if waiting and waiting[-1] not in WAITING:
+        raise bad_request(f"waiting must be one of {', '.join(WAITING)}, got {waiting[-1][:80]!r}")
     return {
         "statuses": statuses or None,
         "queues": _many(query.get("queue", ())) or None,
@@ -88,6 +103,8 @@ def parse_filter(query: Mapping[str, Sequence[str]], *, allowed: Sequence[str] =
         "parent_id": job_id_of(parents[-1]) if parents else None,
         "created_after": _time("created_after", query.get("created_after", ())),
         "created_before": _time("created_before", query.get("created_before", ())),
+        "workflow_id": workflow_id_of(workflows[-1]) if workflows else None,
+        "waiting": waiting[-1] if waiting else None,
     }
 
 
@@ -102,6 +119,8 @@ def as_job_filter(params: Mapping[str, Any]) -> JobFilter:
         tags=tuple(params["tags"]) if params["tags"] else None,
         created_after=params["created_after"],
         created_before=params["created_before"],
+        workflow_id=params.get("workflow_id"),
+        waiting=params.get("waiting"),
     )
 
 
@@ -163,7 +182,10 @@ async def readable_job(backend: Backend, who: Principal, job_id: UUID) -> JobRow
 
 async def job_detail(backend: Backend, who: Principal, job_id: UUID) -> dict[str, Any]:
     """The row (with its revision), events, attempts, audit, parents and children, the cancel ladder's
-    clocks, and `waiting`: why a due waiting job has not started (its queue is paused, a limit is used up,
+    clocks, its durable state (`steps`: the steps, sleeps and waits its attempts stored, oldest first, each
+    with its result; `signals`: the signals sent to it, with `consumed_by` naming the wait that took each;
+    `suspended`: what a sleeping or signal-waiting job waits for, and until when), and `waiting`: why a due
+    waiting job has not started (its queue is paused, a limit is used up,
     no worker has a free slot of its actor's isolation class, its fairness key's share is used), or null.
     `parents` are the jobs this one depends on and `children` the jobs that depend on it (the edges of
     taskq.job_dependencies, each with the other job's status now and how the edge resolved), then the jobs
@@ -188,6 +210,8 @@ async def job_detail(backend: Backend, who: Principal, job_id: UUID) -> dict[str
     children += [{"id": str(c.id), "status": c.status, "actor": c.actor, "spawned": True} for c in spawned
                  if str(c.id) not in seen and who.may("jobs:read", c.queue)]
     job = row.model_dump(mode="json")
+    steps = await durable_ops.job_steps(backend, job_id)
+    signals = await durable_ops.job_signals(backend, job_id)
     waiting = await queue_ops.job_wait_reason(backend, job_id) if row.status in (JobStatus.PENDING,
                                                                                  JobStatus.SCHEDULED) else None
     if row.parent_id is not None and row.parent_id not in readable:
@@ -203,7 +227,29 @@ async def job_detail(backend: Backend, who: Principal, job_id: UUID) -> dict[str
                  "audit": len(audit) > DETAIL_ROWS},
         "cancel_ladder": ladder,
         "waiting": waiting,
+        "suspended": suspension(row),
+        "steps": [_jsonable(asdict(st)) for st in steps[:DETAIL_ROWS]],
+        "signals": [_jsonable(asdict(sg)) for sg in signals[-DETAIL_ROWS:]],
+        "more_durable": {"steps": len(steps) > DETAIL_ROWS, "signals": len(signals) > DETAIL_ROWS},
     }
+
+
+NO_TIMEOUT_YEAR = 9999
+"""A wait for a signal without timeout is due on 9999-12-31 (sql/0017_durable_jobs.sql)."""
+
+
+def suspension(row: JobRow) -> dict[str, Any] | None:
+    """What a sleeping or signal-waiting job waits for (None for any other row): {"kind": "sleep" | "signal",
+    "signal": the name awaited or None, "until": ISO time or None without timeout, "text": in words}."""
+    if row.status != JobStatus.SCHEDULED or row.wait_kind is None:
+        return None
+    forever = row.scheduled_at.year >= NO_TIMEOUT_YEAR
+    until = None if forever else row.scheduled_at.isoformat()
+    if row.wait_kind == "sleep":
+        text = f"sleeping until {until}"
+    else:
+        text = f"waiting for signal {row.wait_signal!r} " + ("(no timeout)" if forever else f"until {until}")
+    return {"kind": row.wait_kind, "signal": row.wait_signal, "until": until, "text": text}
 
 
 def _event(row: dict[str, Any]) -> dict[str, Any]:
@@ -466,3 +512,35 @@ def _queue_entry() -> dict[str, Any]:
 def check_problem(exc: Exception) -> Problem:
     """A ConfigurationError of a service function's checks as a 400."""
     return bad_request(str(exc))
+
+
+WORKFLOW_NODES = 500
+"""The most members the workflow page draws (the oldest first); the API's GET /jobs?workflow_id= lists all."""
+
+
+async def workflow(backend: Backend, who: Principal, workflow_id: UUID) -> dict[str, Any]:
+    """A workflow's members (those the caller may read, at most WORKFLOW_NODES, oldest first), its edges among
+    them (job_dependencies parent -> child, and parent_id for a child a member enqueued with ctx.jobs.enqueue),
+    its status counts, and whether the caller may cancel it (jobs:cancel on every member's queue). 404 when
+    no job carries the id or the caller may read none of them."""
+    if not who.may("jobs:read"):
+        raise forbidden("jobs:read", None)
+    rows = await web_store.jobs(backend, "workflow_members", {"workflow_id": workflow_id,
+                                                              "limit": WORKFLOW_NODES + 1})
+    more = len(rows) > WORKFLOW_NODES
+    queues = {r["queue"] for r in await fetch_all(backend, "workflow_queues", {"workflow_id": workflow_id})}
+    members = [r for r in rows[:WORKFLOW_NODES] if who.may("jobs:read", r.queue)]
+    if not members:
+        raise not_found(f"workflow {workflow_id}")
+    ids = {r.id for r in members}
+    edges = [(r["parent_id"], r["child_id"]) for r in await fetch_all(backend, "workflow_edges",
+                                                                        {"workflow_id": workflow_id})]
+    edges += [(r.parent_id, r.id) for r in members if r.parent_id is not None]
+    counts: dict[str, int] = {}
+    for r in members:
+        counts[str(r.status)] = counts.get(str(r.status), 0) + 1
+    return {"workflow_id": workflow_id, "members": members, "more": more or len(members) < min(len(rows),
+                                                                                              WORKFLOW_NODES),
+            "edges": sorted({(a, b) for a, b in edges if a in ids and b in ids}, key=str),
+            "counts": counts, "cancellable": all(who.may("jobs:cancel", q) for q in queues),
+            "unfinished": any(not r.is_terminal for r in members)}

@@ -466,8 +466,10 @@ class Consumers:
         options = dict(options)
         parents, mode = workflows.check_dependencies(options.pop("depends_on", None),
                                                      options.pop("dependency_mode", "on_success"))
+        # a child joins its parent's workflow (read here: the claim statements stay as lean as they are)
+        workflow_id = options.pop("workflow_id", None) or await self._backend.job_workflow_id(ctx.job_id)
         job = prepare_insert(target, payload, registry=self._actors, max_payload_bytes=1024 * 1024,
-                             parent_id=ctx.job_id, **options)
+                             parent_id=ctx.job_id, workflow_id=workflow_id, **options)
         if parents and job.unique_key is not None:
             raise DependencyInvalid("unique_key cannot be combined with depends_on")
         entry = self._registry.get(ctx.job_id)

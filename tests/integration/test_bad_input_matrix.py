@@ -941,6 +941,63 @@ def _durable_cases() -> list[Case]:
 CASES += _durable_cases()
 
 
+# -- durable jobs and workflows (issue 32): workflow ids, cancel_workflow, the API's signal ----------------
+
+UNKNOWN_WORKFLOW = str(uuid.UUID(int=32))
+MiB = 1024 * 1024
+
+CASES += [
+    Case("client-cancel-workflow-unknown", "client", "cancel_workflow(an id no job carries)", "WorkflowNotFound",
+         "no job belongs to workflow", lambda e: client_call(e, lambda c: c.cancel_workflow(UNKNOWN_WORKFLOW))),
+    Case("client-cancel-workflow-malformed", "client", f"cancel_workflow({INJECTION!r})", "ConfigurationError",
+         "not a workflow id", lambda e: client_call(e, lambda c: c.cancel_workflow(INJECTION))),
+    Case("client-cancel-workflow-long-reason", "client", "cancel_workflow(reason of 10,001 characters)",
+         "ConfigurationError", "reason must be text",
+         lambda e: client_call(e, lambda c: c.cancel_workflow(UNKNOWN_WORKFLOW, reason="r" * 10_001))),
+    Case("client-enqueue-bad-workflow-id", "client", "enqueue(workflow_id='nope')", "ConfigurationError",
+         "not a workflow id", lambda e: client_call(e, lambda c: c.enqueue("matrix.x", 1, workflow_id="nope"))),
+    Case("cli-cancel-workflow-unknown", "cli", "cancel --workflow <an id no job carries>", "exit 4",
+         "no job belongs to workflow", lambda e: cli(e, "cancel", "--workflow", UNKNOWN_WORKFLOW)),
+    Case("cli-cancel-workflow-malformed", "cli", "cancel --workflow nope", "exit 2", "not a workflow id",
+         lambda e: cli(e, "cancel", "--workflow", "nope")),
+    Case("cli-cancel-workflow-and-filter", "cli", "cancel --workflow ID --tag t", "exit 2",
+         "--workflow cancels the whole workflow", lambda e: cli(e, "cancel", "--workflow", UNKNOWN_WORKFLOW,
+                                                                "--tag", "t")),
+    Case("cli-jobs-bad-waiting", "cli", "jobs --waiting forever", "exit 2", "invalid choice",
+         lambda e: cli(e, "jobs", "--waiting", "forever")),
+    Case("cli-jobs-bad-workflow", "cli", "jobs --workflow nope", "exit 2", "not a workflow id",
+         lambda e: cli(e, "jobs", "--workflow", "nope")),
+    Case("web-cancel-workflow-unknown", "web", "POST /workflows/<an id no job carries>:cancel", "404 NOT_FOUND",
+         "no workflow", lambda e: web_call(e, "POST", f"/api/v1/workflows/{UNKNOWN_WORKFLOW}:cancel")),
+    Case("web-cancel-workflow-malformed", "web", "POST /workflows/nope:cancel", "400 INVALID_ARGUMENT",
+         "not a workflow id", lambda e: web_call(e, "POST", "/api/v1/workflows/nope:cancel")),
+    Case("web-cancel-workflow-unknown-field", "web", "POST /workflows/ID:cancel {\"force\": true}",
+         "400 INVALID_ARGUMENT", "force", lambda e: web_call(e, "POST", f"/api/v1/workflows/{UNKNOWN_WORKFLOW}:cancel",
+                                                             json={"force": True})),
+    Case("web-signal-unknown-job", "web", "POST /jobs/<an id no job has>:signal", "404 NOT_FOUND", "no job",
+         lambda e: web_call(e, "POST", f"/api/v1/jobs/{uuid.UUID(int=9)}:signal", json={"name": "x"})),
+    Case("web-signal-empty-name", "web", "POST /jobs/ID:signal name=''", "400 INVALID_ARGUMENT", "name:",
+         lambda e: web_call(e, "POST", "/api/v1/jobs/{seeded}:signal", json={"name": ""})),
+    Case("web-signal-long-name", "web", "POST /jobs/ID:signal name of 201 characters", "400 INVALID_ARGUMENT",
+         "name:", lambda e: web_call(e, "POST", "/api/v1/jobs/{seeded}:signal", json={"name": "n" * 201})),
+    Case("web-signal-control-name", "web", "POST /jobs/ID:signal name with a control character",
+         "400 INVALID_ARGUMENT", "name:", lambda e: web_call(e, "POST", "/api/v1/jobs/{seeded}:signal",
+                                                             json={"name": "a\u0007b"})),
+    Case("web-signal-no-name", "web", "POST /jobs/ID:signal without a name", "400 INVALID_ARGUMENT", "name",
+         lambda e: web_call(e, "POST", "/api/v1/jobs/{seeded}:signal", json={"payload": 1})),
+    Case("web-signal-nul-payload", "web", "POST /jobs/ID:signal payload with a NUL", "400 INVALID_ARGUMENT",
+         "payload:", lambda e: web_call(e, "POST", "/api/v1/jobs/{seeded}:signal",
+                                        json={"name": "x", "payload": "a\u0000b"})),
+    Case("web-signal-oversized-payload", "web", "POST /jobs/ID:signal payload over 1 MiB", "413 TOO_LARGE",
+         "larger than", lambda e: web_call(e, "POST", "/api/v1/jobs/{seeded}:signal",
+                                           json={"name": "x", "payload": "y" * MiB})),
+    Case("web-jobs-bad-waiting", "web", "GET /jobs?waiting=forever", "400 INVALID_ARGUMENT", "waiting must be one of",
+         lambda e: web_call(e, "GET", "/api/v1/jobs?waiting=forever")),
+    Case("web-jobs-bad-workflow", "web", "GET /jobs?workflow_id=nope", "400 INVALID_ARGUMENT", "not a workflow id",
+         lambda e: web_call(e, "GET", "/api/v1/jobs?workflow_id=nope")),
+]
+
+
 # -- databases ----------------------------------------------------------------------------------------
 
 

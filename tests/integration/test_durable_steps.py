@@ -330,9 +330,9 @@ async def test_a_suspended_job_cancels_at_once_and_retention_prunes_its_steps_an
     backend = await Backend.open(dsn)
     try:
         await asyncio.sleep(0.01)  # past a window of 1 ms (cancelled jobs prune with the succeeded ones)
-        result = await prune(backend, {PruneClass.SUCCEEDED: 0.001, PruneClass.FAILED: 0.001,
+        pruned = await prune(backend, {PruneClass.SUCCEEDED: 0.001, PruneClass.FAILED: 0.001,
                                        PruneClass.ATTEMPTS: 0.001})
-        assert result is not None
+        assert pruned is not None
     finally:
         await backend.close()
     assert await client.get(sleeping.job_id) is None and await client.get(waiting.job_id) is None

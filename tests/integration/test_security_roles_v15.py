@@ -230,11 +230,11 @@ def test_the_client_role_cannot_run_taskq_tokens_create(roles: Roles, dsn: str) 
 
 def test_the_token_function_checks_the_grants_it_writes(roles: Roles, dsn: str) -> None:
     admin = roles.dsn["admin"]
-    good = "SELECT name FROM taskq.token_create_v15(%s, md5('a') || md5('b'), %s, NULL)"
+    good = "SELECT name FROM taskq.token_create_v18(%s, md5('a') || md5('b'), %s, NULL)"
     refused(admin, good, ("bad", ["root@*"]), errors.InvalidParameterValue)
     refused(admin, good, ("bad", []), errors.InvalidParameterValue)
     refused(admin, good, ("bad", ["jobs:read@"]), errors.InvalidParameterValue)
-    refused(admin, "SELECT name FROM taskq.token_create_v15('bad', 'short', '{*@*}', NULL)", (),
+    refused(admin, "SELECT name FROM taskq.token_create_v18('bad', 'short', '{*@*}', NULL)", (),
             errors.InvalidParameterValue)
     every = [f"{a}@*" for a in (*ACTIONS, "*", "jobs:*", "schedules:*", "workers:*", "queues:*")]
     with psycopg.connect(admin, autocommit=True) as conn:
@@ -419,7 +419,7 @@ async def test_the_web_server_runs_the_whole_api_and_dashboard_under_the_web_rol
 def test_a_cli_write_whose_audit_is_refused_says_so_in_one_line(roles: Roles, dsn: str) -> None:
     """roles.sql not run again after the upgrade: the change is made, the command says its audit was refused."""
     job(dsn, "billing")
-    query(dsn, f'REVOKE EXECUTE ON FUNCTION taskq.audit_session_v15(text, text, uuid, text, text, text, jsonb) '
+    query(dsn, f'REVOKE EXECUTE ON FUNCTION taskq.audit_session_v18(text, text, uuid, text, text, text, jsonb) '
                f'FROM "{roles.client}"')
     result = run_cli("queue", "pause", "billing", dsn=roles.dsn["client"])
     assert result.returncode == 1 and "Traceback" not in result.stderr
@@ -441,6 +441,10 @@ def test_who_may_execute_each_security_definer_function(roles: Roles, dsn: str) 
         "audit_write_v15(text,text,text,text,text,text,bigint,jsonb,uuid[],text[],bigint[],text[])": {"web"},
         "token_create_v15(text,text,text[],text)": {"admin"},
         "token_revoke_v15(text,text)": {"admin"},
+        "delete_terminal_jobs_v17(uuid[])": {"worker"},
+        "audit_session_v18(text,text,uuid,text,text,text,jsonb)": {"client"},
+        "audit_write_v18(text,text,text,text,text,text,bigint,jsonb,uuid[],text[],bigint[],text[])": {"web"},
+        "token_create_v18(text,text,text[],text)": {"admin"},
     }
     rows = query(dsn, "SELECT p.oid::regprocedure::text, p.oid FROM pg_proc AS p JOIN pg_namespace AS n"
                       " ON n.oid = p.pronamespace WHERE n.nspname = 'taskq' AND p.prosecdef")

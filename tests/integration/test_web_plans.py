@@ -23,7 +23,7 @@ SOME_ID = uuid4()
 PAGE: dict[str, Any] = {
     "statuses": None, "queues": None, "actors": None, "tags": None, "parent_id": None, "created_after": None,
     "created_before": None, "readable": None, "allowed": None, "uncancelled": False, "after_at": None,
-    "after_id": None, "limit": 51,
+    "after_id": None, "limit": 51, "workflow_id": None, "waiting": None,
 }
 CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("job list, no filter", "job_page", PAGE),
@@ -45,6 +45,12 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
                                                   "uncancelled": True, "readable": ["q2"], "allowed": ["q2"]}),
     ("bulk cancel selection", "job_page", PAGE | {"statuses": ["pending", "scheduled", "running"],
                                                   "uncancelled": True, "queues": ["q2"]}),
+    ("job list by workflow", "job_page", PAGE | {"workflow_id": SOME_ID}),
+    ("job list of sleeping jobs", "job_page", PAGE | {"waiting": "sleep"}),
+    ("job list of suspended jobs", "job_page", PAGE | {"waiting": "any"}),
+    ("a workflow's queues", "workflow_queues", {"workflow_id": SOME_ID}),
+    ("a workflow's members", "workflow_members", {"workflow_id": SOME_ID, "limit": 501}),
+    ("a workflow's edges", "workflow_edges", {"workflow_id": SOME_ID}),
     ("job detail row", "job_get", {"id": SOME_ID}),
     ("job detail lock", "job_lock", {"id": SOME_ID}),
     ("job detail events", "job_events_page", {"id": SOME_ID, "before": None, "limit": 101}),

@@ -265,3 +265,47 @@ def test_dashboard_in_a_real_browser(
         assert "/login" in b.current_url
     finally:
         web.stop()
+
+
+def test_workflow_page_draws_the_members_links_each_node_and_cancels_the_workflow(
+    dsn: str, tmp_path: Path, browser: WebDriver, shots: Callable[[WebDriver, str], Path]
+) -> None:
+    with SyncJobsClient.connect(dsn) as client:
+        with client.workflow() as wf:
+            first = wf.enqueue("test.noop", 1, queue="wf-idle")
+            second = wf.enqueue("test.noop", 2, queue="wf-idle", depends_on=[first])
+            wf.enqueue("test.noop", 3, queue="wf-idle", depends_on=[first, second])
+    # a child the first member enqueued with ctx.jobs.enqueue (as the worker writes it: parent_id, workflow_id)
+    (row,) = query(dsn, "INSERT INTO taskq.jobs (actor, queue, payload, parent_id, workflow_id)"
+                        " VALUES ('test.noop', 'wf-idle', '4', %s, %s) RETURNING id", first.job_id, wf.id)
+    spawned = UUID(str(row[0]))
+    web = WebServer(dsn, "--no-auth", "--poll-interval", "0.5", log_path=tmp_path / "web.log")
+    try:
+        b = browser
+        b.get(web.url + f"/workflows/{wf.id}")
+        wait_css(b, "#workflow-graph")
+        waiting(b, 20).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#workflow-graph a.node")) == 4)
+        drawn = {n.get_attribute("data-job") for n in b.find_elements(By.CSS_SELECTOR, "#workflow-graph a.node")}
+        assert drawn == {str(first.job_id), str(second.job_id), str(spawned)} | {
+            str(n.job_id) for n in wf.nodes}
+        assert len(b.find_elements(By.CSS_SELECTOR, "#workflow-graph .edge")) == 4  # 3 dependencies + 1 spawn
+        assert "pending 2" in live_text(b, "#counts") or "awaiting_parents" in live_text(b, "#counts")
+        shots(b, "workflow")
+
+        # a node links to its job, whose page links back to the workflow
+        node = f'#workflow-graph a.node[data-job="{second.job_id}"]'
+        waiting(b, 20).until(lambda d: click(d.find_element(By.CSS_SELECTOR, node)))
+        waiting(b, 20).until(lambda d: d.current_url.endswith(f"/jobs/{second.job_id}"))
+        assert wait_css(b, "#workflow-link").text == str(wf.id)
+        b.find_element(By.ID, "workflow-link").click()
+
+        # the workflow's cancel button: every member waits, so all end cancelled at once
+        waiting(b, 20).until(lambda d: click(d.find_element(By.ID, "workflow-cancel")))
+        assert "cancelled 4 waiting" in wait_css(b, "#message").text
+        waiting(b, 20).until(lambda d: {n.get_attribute("data-status") for n in d.find_elements(
+            By.CSS_SELECTOR, "#workflow-graph a.node")} == {"cancelled"})
+        assert not b.find_elements(By.ID, "workflow-cancel")
+        shots(b, "workflow-cancelled")
+    finally:
+        web.stop()
+    assert {r[0] for r in query(dsn, "SELECT status FROM taskq.jobs WHERE workflow_id = %s", wf.id)} == {"cancelled"}
