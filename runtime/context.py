@@ -16,7 +16,14 @@ from uuid import UUID
 
 from pydantic import TypeAdapter
 
-from taskq.exceptions import MAX_SNOOZE_SECONDS, SignalTimeout, SleepInvalid, StepInvalid, TransactionInvalid
+from taskq.exceptions import (
+    MAX_SNOOZE_SECONDS,
+    SignalTimeout,
+    SleepInvalid,
+    StepInvalid,
+    TransactionInvalid,
+    duration_seconds,
+)
 from taskq.models import CancelOrigin
 
 if TYPE_CHECKING:
@@ -469,13 +476,5 @@ def dump_step_result(adapter: TypeAdapter[Any], name: str, value: Any) -> str:
 
 
 def _seconds(value: Any, what: str) -> float:
-    """A duration in seconds: a timedelta or a number, finite, between 0 and ten years."""
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        raise SleepInvalid(f"{what} must be a timedelta or seconds, got {value!r}")
-    if math.isnan(seconds) or not 0 <= seconds <= MAX_SNOOZE_SECONDS:
-        raise SleepInvalid(f"{what} must be between 0 and ten years, got {value!r}")
-    return seconds
+    """A duration in seconds: a timedelta or a number, finite, between 0 and ten years (SleepInvalid)."""
+    return duration_seconds(value, what, SleepInvalid)

@@ -117,17 +117,22 @@ class Snooze(Exception):
 
 def snooze_seconds(delay: Any) -> float:
     """The delay of a Snooze in seconds; SnoozeInvalid unless it is a finite number in [0, 10 years]."""
-    if isinstance(delay, timedelta):
-        value = delay.total_seconds()
-    elif isinstance(delay, int | float) and not isinstance(delay, bool):
-        value = float(delay)
+    return duration_seconds(delay, "Snooze delay", SnoozeInvalid)
+
+
+def duration_seconds(value: Any, what: str, error: type[Exception]) -> float:
+    """`value` (seconds, or a timedelta) in seconds: `error` unless it is a finite number in [0, 10 years]
+    (a Snooze's delay; a durable sleep, a signal's timeout: taskq.context)."""
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
     else:
-        raise SnoozeInvalid(f"Snooze delay must be seconds (a number) or a timedelta, got {delay!r}")
-    if not math.isfinite(value) or not 0 <= value <= MAX_SNOOZE_SECONDS:
-        raise SnoozeInvalid(
-            f"Snooze delay must be a finite number of seconds between 0 and {MAX_SNOOZE_SECONDS:g}, got {delay!r}"
-        )
-    return value
+        raise error(f"{what} must be seconds (a number) or a timedelta, got {value!r}")
+    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_SNOOZE_SECONDS:
+        raise error(f"{what} must be a finite number of seconds between 0 and ten years "
+                    f"({MAX_SNOOZE_SECONDS:g}), got {value!r}")
+    return seconds
 
 
 class LeaseLost(TaskqError):
