@@ -20,6 +20,8 @@ from taskq import (
     SignalInvalid,
     SignalRefused,
     SignalTimeout,
+    StepInvalid,
+    TransactionInvalid,
 )
 from taskq.actors.declaration import ActorRegistry, actor
 from taskq.invariants import check_invariants
@@ -33,6 +35,10 @@ EFFECTS = "CREATE TABLE IF NOT EXISTS public.durable_effects (job_id uuid, step 
 def effect(dsn: str, job_id: Any, step: str, attempt: int) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO public.durable_effects VALUES (%s, %s, %s)", (job_id, step, attempt))
+
+
+KEPT: list[JobContext[Any]] = []
+"""Contexts an actor kept past its return (d.keeps_ctx)."""
 
 
 def durable_registry(dsn: str) -> ActorRegistry:
@@ -104,6 +110,11 @@ def durable_registry(dsn: str) -> ActorRegistry:
     async def unjson(payload: int, ctx: JobContext[int]) -> int:
         await ctx.step("obj", lambda: object())
         return 0
+
+    @actor(name="d.keeps_ctx", registry=reg, max_attempts=1)
+    async def keeps_ctx(payload: int, ctx: JobContext[int]) -> int:
+        KEPT.append(ctx)
+        return payload
 
     @actor(name="d.tx", registry=reg, max_attempts=3)
     async def in_tx(payload: int, ctx: JobContext[int]) -> int:
@@ -343,3 +354,18 @@ async def test_a_suspended_job_cancels_at_once_and_retention_prunes_its_steps_an
             {"ids": [sleeping.job_id, waiting.job_id]})
         assert await cur.fetchone() == (0, 0)
     await assert_invariants(dsn)
+
+
+async def test_durable_calls_after_the_actor_returned_are_refused(dsn: str, client: JobsClient) -> None:
+    KEPT.clear()
+    async with running_worker(dsn, durable_registry(dsn)):
+        h = await client.enqueue("d.keeps_ctx", 3)
+        assert (await h.wait(timeout=20)).result == 3
+    (ctx,) = KEPT
+    with pytest.raises(TransactionInvalid, match="after the actor returned"):
+        ctx.transaction()
+    with pytest.raises(StepInvalid, match="has returned"):
+        await ctx.step("late", lambda: 1)
+    with pytest.raises(StepInvalid, match="has returned"):
+        await ctx.sleep(1)
+    assert await client.steps(h.job_id) == []
