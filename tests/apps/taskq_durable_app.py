@@ -78,4 +78,21 @@ async def in_transaction(payload: Steps, ctx: JobContext[Steps]) -> int:
     return ctx.attempt
 
 
-actors = [steps_async, steps_thread, steps_process, in_transaction]
+@actor(name="durable.process_suspends", max_attempts=1, isolation="process")
+def process_suspends(payload: Steps, ctx: Any) -> list[Any]:
+    """A process actor that steps, sleeps and waits for a signal: the suspensions are the worker's."""
+    first = ctx.step("first", run_step, payload, ctx.job_id, ctx.attempt, 1)
+    ctx.sleep(0.5)
+    got = ctx.wait_for_signal("go")
+    return [first, got, ctx.attempt]
+
+
+@actor(name="durable.thread_suspends", max_attempts=1, isolation="thread")
+def thread_suspends(payload: Steps, ctx: JobContext[Steps]) -> list[Any]:
+    first = ctx.step("first", run_step, payload, ctx.job_id, ctx.attempt, 1)
+    ctx.sleep(0.5)
+    got = ctx.wait_for_signal("go")
+    return [first, got, ctx.attempt]
+
+
+actors = [steps_async, steps_thread, steps_process, in_transaction, process_suspends, thread_suspends]

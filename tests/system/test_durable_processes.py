@@ -167,3 +167,33 @@ def test_rolling_restart_resumes_a_ten_step_job_after_its_completed_steps(
         if by == 1:
             assert [a for s, a in done if s == name] == [1], done
     no_violations(dsn)
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_thread_and_process_actors_sleep_and_wait_for_a_signal(dsn: str, spawn_worker: Any,
+                                                                effects_table: None, isolation: str) -> None:
+    worker = spawn_worker(app=APP)
+    worker.worker_id()
+    job = enqueue(dsn, f"durable.{isolation}_suspends", {})
+
+    def suspended(kind: str) -> bool:
+        return bool(query(dsn, "SELECT 1 FROM taskq.jobs WHERE id = %s AND status = 'scheduled' AND wait_kind = %s",
+                          job, kind))
+
+    wait_until(lambda: suspended("sleep"), timeout=30)
+    wait_until(lambda: suspended("signal"), timeout=30)  # the sleep ended, the rerun waits for the signal
+    ((worker_id, lease),) = query(dsn, "SELECT worker_id, lock_expires_at FROM taskq.jobs WHERE id = %s", job)
+    assert (worker_id, lease) == (None, None)
+    import asyncio
+
+    from taskq.client import JobsClient
+
+    async def send() -> None:
+        async with await JobsClient.connect(dsn) as client:
+            assert (await client.signal(job, "go", {"ok": True})).woke
+
+    asyncio.run(send())
+    wait_until(lambda: status(dsn, job)[0] == "succeeded", timeout=30)
+    assert status(dsn, job)[1] == [10, {"ok": True}, 3]
+    assert effects(dsn, job) == [("1", 1)]  # the step ran once, on the first attempt
+    no_violations(dsn)
