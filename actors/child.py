@@ -393,21 +393,14 @@ class ChildJobContext(Generic[P]):
 
     def step(self, name: str, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
         """As JobContext.step, synchronous: runs `fn` here once per job, its result stored by the worker."""
-        from taskq.context import dump_step_result, return_adapter
-        from taskq.exceptions import StepInvalid
+        from taskq.context import run_step_blocking
 
-        if not callable(fn):
-            raise StepInvalid(f"step {name!r}: {fn!r} is not callable")
-        found, result = self._child.request("step_lookup", self._job, name)
-        adapter = return_adapter(fn)
-        if found:
-            return adapter.validate_python(result)
-        value = fn(*args, **kwargs)
-        if asyncio.iscoroutine(value):  # an async def step in a process actor: run it here
-            value = asyncio.run(value)
-        raw = dump_step_result(adapter, name, value)
-        self._child.request("step_store", self._job, name, raw)
-        return adapter.validate_json(raw)
+        return run_step_blocking(
+            name, fn, args, kwargs,
+            lookup=lambda: self._child.request("step_lookup", self._job, name),
+            store=lambda raw: self._child.request("step_store", self._job, name, raw),
+            run_async=asyncio.run,  # an async def step in a process actor: run it here
+        )
 
     def sleep(self, duration: Any) -> None:
         """As JobContext.sleep: ends the attempt (raises JobSuspended) unless the sleep is over."""

@@ -24,7 +24,7 @@ from taskq.exceptions import (
     TransactionInvalid,
     duration_seconds,
 )
-from taskq.models import CancelOrigin
+from taskq.models import NO_TIMEOUT, CancelOrigin
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
@@ -37,8 +37,6 @@ __all__ = ["CancelOrigin", "ContextRuntime", "JobContext", "JobSuspended"]
 
 STEP, SLEEP, SIGNAL = "step", "sleep", "signal"
 """The kinds of what an attempt stores (taskq.job_steps.kind)."""
-NO_TIMEOUT = datetime(9999, 12, 31, tzinfo=UTC)
-"""The wake-up of a wait without timeout, as the database stores it."""
 
 
 class JobSuspended(BaseException):
@@ -152,9 +150,12 @@ class JobContext(Generic[P]):
     transaction_state: str | None = None
     """None; 'open' inside `async with ctx.transaction()`; 'held' after it (the job's row locked, the
     transaction waiting for the actor's return to commit its success); 'done'."""
-    transaction_conn: AsyncConnection[Any] | None = None
-    transaction_end: Any = None
-    """What ends the transaction and gives its connection back (taskq.worker.transaction)."""
+    transaction_open: Any = None
+    """The open transaction of `ctx.transaction()` (taskq.worker.transaction.OpenTransaction: its connection,
+    and what ends it), from the block's start to the commit or rollback."""
+    workflow_id: UUID | None = None
+    """The workflow the job belongs to, read on its first `ctx.jobs.enqueue` (children inherit it)."""
+    workflow_read: bool = False
     returned: bool = False
     """The actor has returned (set by the worker): the durable calls are refused from then on."""
 
@@ -293,10 +294,7 @@ class JobContext(Generic[P]):
         if not self._on_loop():
             raise TransactionInvalid("ctx.transaction() is for async actors (the connection lives in the worker's "
                                      "event loop); write in a step instead from a thread or process actor")
-        if self.transaction_state is not None:
-            raise TransactionInvalid("ctx.transaction() is already in use in this attempt (one per attempt, "
-                                     "not nested)")
-        return self._runtime.transaction(self)
+        return self._runtime.transaction(self)  # nested, or a second one: refused when it is entered
 
     def _on_loop(self) -> bool:
         try:
@@ -367,18 +365,12 @@ class JobContext(Generic[P]):
 
     def _step_blocking(self, name: str, fn: Callable[..., Any], args: tuple[Any, ...],
                        kwargs: dict[str, Any]) -> Any:
-        if not callable(fn):
-            raise StepInvalid(f"step {name!r}: {fn!r} is not callable")
-        found, result = self._call_on_loop(self._step_lookup(name))
-        adapter = return_adapter(fn)
-        if found:
-            return adapter.validate_python(result)
-        value = fn(*args, **kwargs)
-        if inspect.isawaitable(value):  # an async def step from a thread actor: run it on the loop
-            value = self._call_on_loop(value)
-        raw = dump_step_result(adapter, name, value)
-        self._call_on_loop(self._step_store(name, raw))
-        return adapter.validate_json(raw)
+        return run_step_blocking(
+            name, fn, args, kwargs,
+            lookup=lambda: self._call_on_loop(self._step_lookup(name)),
+            store=lambda raw: self._call_on_loop(self._step_store(name, raw)),
+            run_async=self._call_on_loop,  # an async def step from a thread actor runs on the loop
+        )
 
     def _suspend(self, kind: str, until: datetime | None, signal: str | None = None) -> JobSuspended:
         self.suspension = JobSuspended(kind, None if until is None or until >= NO_TIMEOUT else until, signal)
@@ -462,6 +454,26 @@ def return_adapter(fn: Callable[..., Any]) -> TypeAdapter[Any]:
     except TypeError:  # an unhashable callable
         pass
     return adapter
+
+
+def run_step_blocking(name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *,
+                      lookup: Callable[[], tuple[bool, Any]], store: Callable[[str], Any],
+                      run_async: Callable[[Any], Any]) -> Any:
+    """A step from a thread or a process actor (JobContext.step's synchronous face): `lookup()` tells whether an
+    earlier attempt stored it, and its result; otherwise fn runs here (an awaitable it returns goes to
+    `run_async`) and `store(json)` writes the result, fenced, before it is returned as read back."""
+    if not callable(fn):
+        raise StepInvalid(f"step {name!r}: {fn!r} is not callable")
+    found, result = lookup()
+    adapter = return_adapter(fn)
+    if found:
+        return adapter.validate_python(result)
+    value = fn(*args, **kwargs)
+    if inspect.isawaitable(value):
+        value = run_async(value)
+    raw = dump_step_result(adapter, name, value)
+    store(raw)
+    return adapter.validate_json(raw)
 
 
 def dump_step_result(adapter: TypeAdapter[Any], name: str, value: Any) -> str:

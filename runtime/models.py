@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import enum
 import math
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
@@ -64,6 +65,21 @@ class CancelMarker(enum.StrEnum):
 
 
 _frozen = ConfigDict(frozen=True, extra="forbid")
+
+
+NO_TIMEOUT = datetime(9999, 12, 31, tzinfo=UTC)
+"""The wake-up of a wait for a signal without timeout, as taskq.jobs.scheduled_at and job_steps.wake_at store it
+(a date Python can read; sql/0017_durable_jobs.sql)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Suspension:
+    """A suspended job: `kind` 'sleep' or 'signal', the `signal` name it waits for, `until` its wake-up (None: a
+    wait without timeout)."""
+
+    kind: str
+    signal: str | None
+    until: datetime | None
 
 
 class JobRow(BaseModel):
@@ -144,6 +160,14 @@ class JobRow(BaseModel):
     @property
     def is_terminal(self) -> bool:
         return self.status.is_terminal
+
+    @property
+    def suspension(self) -> Suspension | None:
+        """What the job sleeps or waits for while suspended (ctx.sleep, ctx.wait_for_signal); None otherwise."""
+        if self.status != JobStatus.SCHEDULED or self.wait_kind is None:
+            return None
+        return Suspension(self.wait_kind, self.wait_signal,
+                          None if self.scheduled_at >= NO_TIMEOUT else self.scheduled_at)
 
 
 class EventKind(enum.StrEnum):

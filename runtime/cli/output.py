@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, TypeAdapter
 
 from taskq.models import (
+    NO_TIMEOUT,
     BulkCancelResult,
     BulkRequeueResult,
     CancelResult,
@@ -197,12 +198,13 @@ def job_detail(row: JobRow, events: Sequence[JobEvent], attempts: Sequence[JobAt
 def suspension(row: JobRow) -> str | None:
     """What a suspended job waits for: 'sleeping until T', 'waiting for signal NAME until T' (or with no
     timeout); None for a job that is not suspended (wait_kind means something only while scheduled)."""
-    if row.status.value != "scheduled" or row.wait_kind is None:
+    found = row.suspension
+    if found is None:
         return None
-    until = "with no timeout" if row.scheduled_at.year >= 9999 else f"until {when(row.scheduled_at)} UTC"
-    if row.wait_kind == "sleep":
+    until = "with no timeout" if found.until is None else f"until {when(found.until)} UTC"
+    if found.kind == "sleep":
         return f"sleeping {until}"
-    return f"waiting for signal {row.wait_signal!r} {until}"
+    return f"waiting for signal {found.signal!r} {until}"
 
 
 def durable_sections(steps: Sequence[Any], signals: Sequence[Any]) -> str:
@@ -213,7 +215,7 @@ def durable_sections(steps: Sequence[Any], signals: Sequence[Any]) -> str:
             ("stored (UTC)", "kind", "name", "attempt", "epoch", "result", "wakes (UTC)"),
             [(when(s.created_at, precise=True), s.kind, s.name, s.attempt, s.claim_epoch,
               _compact(s.result) if s.result is not None else None,
-              None if s.wake_at is None else "never" if s.wake_at.year >= 9999 else when(s.wake_at))
+              None if s.wake_at is None else "never" if s.wake_at >= NO_TIMEOUT else when(s.wake_at))
              for s in steps],
         )))
     lines.append("")

@@ -45,17 +45,18 @@ JOB_ACTIONS = ("jobs:read", "jobs:cancel", "jobs:requeue")
 
 
 def job_id_of(text: str) -> UUID:
-    try:
-        return UUID(text)
-    except ValueError:
-        raise bad_request(f"not a job id (expected a UUID): {text[:80]!r}") from None
+    return _uuid_of(text, "job")
 
 
 def workflow_id_of(text: str) -> UUID:
+    return _uuid_of(text, "workflow")
+
+
+def _uuid_of(text: str, what: str) -> UUID:
     try:
         return UUID(text)
     except ValueError:
-        raise bad_request(f"not a workflow id (expected a UUID): {text[:80]!r}") from None
+        raise bad_request(f"not a {what} id (expected a UUID): {text[:80]!r}") from None
 
 
 def _many(values: Sequence[str]) -> list[str]:
@@ -234,22 +235,18 @@ async def job_detail(backend: Backend, who: Principal, job_id: UUID) -> dict[str
     }
 
 
-NO_TIMEOUT_YEAR = 9999
-"""A wait for a signal without timeout is due on 9999-12-31 (sql/0017_durable_jobs.sql)."""
-
-
 def suspension(row: JobRow) -> dict[str, Any] | None:
     """What a sleeping or signal-waiting job waits for (None for any other row): {"kind": "sleep" | "signal",
     "signal": the name awaited or None, "until": ISO time or None without timeout, "text": in words}."""
-    if row.status != JobStatus.SCHEDULED or row.wait_kind is None:
+    found = row.suspension
+    if found is None:
         return None
-    forever = row.scheduled_at.year >= NO_TIMEOUT_YEAR
-    until = None if forever else row.scheduled_at.isoformat()
-    if row.wait_kind == "sleep":
+    until = None if found.until is None else found.until.isoformat()
+    if found.kind == "sleep":
         text = f"sleeping until {until}"
     else:
-        text = f"waiting for signal {row.wait_signal!r} " + ("(no timeout)" if forever else f"until {until}")
-    return {"kind": row.wait_kind, "signal": row.wait_signal, "until": until, "text": text}
+        text = f"waiting for signal {found.signal!r} " + ("(no timeout)" if until is None else f"until {until}")
+    return {"kind": found.kind, "signal": found.signal, "until": until, "text": text}
 
 
 def _event(row: dict[str, Any]) -> dict[str, Any]:

@@ -150,7 +150,7 @@ class Consumers:
         try:
             await self._execute(entry)
         finally:
-            if entry.ctx is not None and entry.ctx.transaction_conn is not None:
+            if entry.ctx is not None and entry.ctx.transaction_open is not None:
                 await job_tx.abandon(entry.ctx)  # the actor failed or was stopped with its transaction open
             for timer in entry.timers:
                 timer.cancel()
@@ -312,7 +312,7 @@ class Consumers:
             job_id=job.id, attempt=job.attempt, claim_epoch=job.claim_epoch, status="succeeded",
             outcome="succeeded", result_json=result_json, detail=detail,
         )
-        if entry.ctx is not None and entry.ctx.transaction_conn is not None:
+        if entry.ctx is not None and entry.ctx.transaction_open is not None:
             # ctx.transaction(): the success commits in the actor's own transaction, or nothing of it does
             entry.finishing = True
             written = await job_tx.commit_with(entry.ctx, self._store, finish)
@@ -324,46 +324,42 @@ class Consumers:
             await self._hooks.run(actor.on_success, entry, actor.hook_timeout, "on_success")
 
     async def _on_snooze(self, entry: ActiveJob, actor: Actor[Any, Any], snooze: Snooze) -> None:
-        """The actor asked to run again later: back to scheduled, its attempt given back to the budget. A
-        chosen outcome like a success, so a stopping worker writes it too; an operator's cancel wins (the
-        actor stopped for it, or the database turns the snooze into a cancel if the request is newer)."""
+        """The actor asked to run again later: back to scheduled, its attempt given back to the budget."""
         job = entry.job
-        if entry.cancel_origin is CancelOrigin.OPERATOR:
-            await self._write_cancelled(entry, actor, detail={"raised": "Snooze"})
-            return
-        if entry.cancel_origin is CancelOrigin.LEASE_LOST:
-            return
-        written = await self._write(entry, Finish(
+        if await self._later(entry, actor, "Snooze", Finish(
             job_id=job.id, attempt=job.attempt, claim_epoch=job.claim_epoch, status=RETRY, outcome="snoozed",
             retry_delay=snooze.delay, detail={"delay": snooze.delay},
-        ))
-        if written == RETRY:
+        )) == RETRY:
             JOBS_SNOOZED.inc()
-        elif written == "cancelled" and actor.on_cancel is not None:
-            await self._hooks.run(actor.on_cancel, entry, actor.on_cancel_timeout, "on_cancel")
 
     async def _on_suspend(self, entry: ActiveJob, actor: Actor[Any, Any], suspension: JobSuspended) -> None:
         """A sleep or a wait for a signal: back to scheduled until its wake-up (no end for a wait without
-        timeout), its attempt given back, no worker, no lease. Written like a snooze: a stopping worker writes
-        it too, an operator's cancel wins, a lost lease writes nothing."""
+        timeout), its attempt given back, no worker, no lease."""
         job = entry.job
-        if entry.cancel_origin is CancelOrigin.OPERATOR:
-            await self._write_cancelled(entry, actor, detail={"raised": "JobSuspended"})
-            return
-        if entry.cancel_origin is CancelOrigin.LEASE_LOST:
-            return
         until = suspension.until
         delay = math.inf if until is None else max(0.0, (until - datetime.now(UTC)).total_seconds())
         detail: dict[str, Any] = {"until": until.isoformat() if until is not None else None}
         if suspension.signal is not None:
             detail["signal"] = suspension.signal
-        written = await self._write(entry, Finish(
+        await self._later(entry, actor, "JobSuspended", Finish(
             job_id=job.id, attempt=job.attempt, claim_epoch=job.claim_epoch, status=RETRY,
             outcome="sleeping" if suspension.kind == SLEEP else "waiting", retry_delay=delay, detail=detail,
             wait_kind=suspension.kind, wait_signal=suspension.signal,
         ))
+
+    async def _later(self, entry: ActiveJob, actor: Actor[Any, Any], raised: str, finish: Finish) -> str | None:
+        """A snooze or a suspension: a chosen outcome like a success, so a stopping worker writes it too; an
+        operator's cancel wins (the actor stopped for it, or the database turns the retry into a cancel if the
+        request is newer: then on_cancel runs); a lost lease writes nothing. The status written, or None."""
+        if entry.cancel_origin is CancelOrigin.OPERATOR:
+            await self._write_cancelled(entry, actor, detail={"raised": raised})
+            return None
+        if entry.cancel_origin is CancelOrigin.LEASE_LOST:
+            return None
+        written = await self._write(entry, finish)
         if written == "cancelled" and actor.on_cancel is not None:
             await self._hooks.run(actor.on_cancel, entry, actor.on_cancel_timeout, "on_cancel")
+        return written
 
     async def _on_failure(self, entry: ActiveJob, actor: Actor[Any, Any], exc: Exception) -> None:
         job = entry.job
@@ -467,7 +463,12 @@ class Consumers:
         parents, mode = workflows.check_dependencies(options.pop("depends_on", None),
                                                      options.pop("dependency_mode", "on_success"))
         # a child joins its parent's workflow (read here: the claim statements stay as lean as they are)
-        workflow_id = options.pop("workflow_id", None) or await self._backend.job_workflow_id(ctx.job_id)
+        workflow_id = options.pop("workflow_id", None)
+        if workflow_id is None:
+            if not ctx.workflow_read:  # once per attempt, not per child: a member's workflow does not change
+                ctx.workflow_id = await self._backend.job_workflow_id(ctx.job_id)
+                ctx.workflow_read = True
+            workflow_id = ctx.workflow_id
         job = prepare_insert(target, payload, registry=self._actors, max_payload_bytes=1024 * 1024,
                              parent_id=ctx.job_id, workflow_id=workflow_id, **options)
         if parents and job.unique_key is not None:

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from taskq.backend.workers import Finish, WorkerStore
     from taskq.context import JobContext
 
-__all__ = ["JobTransaction", "abandon", "commit_with"]
+__all__ = ["JobTransaction", "OpenTransaction", "abandon", "commit_with"]
 
 log = logging.getLogger("taskq.worker")
 
@@ -47,7 +47,6 @@ class JobTransaction:
         self._ctx = ctx
         self._pool = pool
         self._lost = lost
-        self._tx: AbstractAsyncContextManager[Any] | None = None
 
     async def __aenter__(self) -> AsyncConnection[Any]:
         ctx = self._ctx
@@ -63,8 +62,7 @@ class JobTransaction:
             await self._pool.putconn(conn)
             ctx.transaction_state = "done"
             raise
-        ctx.transaction_conn = conn
-        ctx.transaction_end = _Ender(self._pool, conn, tx)
+        ctx.transaction_open = OpenTransaction(self._pool, conn, tx)
         return conn
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -73,10 +71,9 @@ class JobTransaction:
         if exc_type is not None:
             await abandon(ctx, exc_type, exc, tb)
             return False
-        conn = ctx.transaction_conn
-        assert conn is not None
+        assert ctx.transaction_open is not None
         try:
-            held = await durable_store.tx_fence(conn, ctx.job_id, ctx.attempt, ctx.claim_epoch)
+            held = await durable_store.tx_fence(ctx.transaction_open.conn, ctx.job_id, ctx.attempt, ctx.claim_epoch)
         except BaseException as error:
             await abandon(ctx, type(error), error, error.__traceback__)
             raise
@@ -87,13 +84,14 @@ class JobTransaction:
         return False
 
 
-class _Ender:
-    """Ends the transaction (commit or rollback) and gives the connection back to the pool, once."""
+class OpenTransaction:
+    """An attempt's open transaction: its connection, and `end()`, which commits (or, given an exception, rolls
+    back) and gives the connection back to the pool."""
 
     def __init__(self, pool: AsyncConnectionPool[Any], conn: AsyncConnection[Any],
                  tx: AbstractAsyncContextManager[Any]) -> None:
         self._pool = pool
-        self._conn = conn
+        self.conn = conn
         self._tx = tx
 
     async def end(self, exc_type: type[BaseException] | None = None, exc: BaseException | None = None,
@@ -101,16 +99,21 @@ class _Ender:
         try:
             await self._tx.__aexit__(exc_type, exc, tb)
         finally:
-            await self._pool.putconn(self._conn)
+            await self._pool.putconn(self.conn)
+
+
+def _close(ctx: JobContext[Any]) -> OpenTransaction | None:
+    """Take the attempt's open transaction off its context (it is ended once, by the caller)."""
+    opened: OpenTransaction | None = ctx.transaction_open
+    ctx.transaction_open = None
+    ctx.transaction_state = "done"
+    return opened
 
 
 async def abandon(ctx: JobContext[Any], exc_type: type[BaseException] | None = None, exc: BaseException | None = None,
                   tb: TracebackType | None = None) -> None:
     """Roll the attempt's transaction back (if still open) and give its connection back."""
-    ender = ctx.transaction_end
-    ctx.transaction_conn = None
-    ctx.transaction_end = None
-    ctx.transaction_state = "done"
+    ender = _close(ctx)
     if ender is None:
         return
     try:
@@ -126,16 +129,15 @@ async def commit_with(ctx: JobContext[Any], store: WorkerStore, finish: Finish) 
     """Write `finish` in the attempt's transaction and commit both: the status written, or None when
     nothing committed (the fence failed, or the commit itself failed: then the lease expires and the
     sweeper decides, as for any outcome not written)."""
-    conn = ctx.transaction_conn
-    ender = ctx.transaction_end
-    assert conn is not None and ender is not None
+    opened = ctx.transaction_open
+    assert opened is not None
     if ctx.transaction_state != "held":
         # the actor returned from inside the block (cannot happen: the block's end runs first) or the
         # block failed: nothing commits
         await abandon(ctx)
         return None
     try:
-        written = await store.finish_batch_in(conn, [finish])
+        written = await store.finish_batch_in(opened.conn, [finish])
     except Exception as error:
         log.error("job %s attempt %d: its success was not written in its transaction (%s); rolled back",
                   ctx.job_id, ctx.attempt, error)
@@ -146,11 +148,9 @@ async def commit_with(ctx: JobContext[Any], store: WorkerStore, finish: Finish) 
         log.warning("job %s attempt %d: stale at commit; its transaction is rolled back", ctx.job_id, ctx.attempt)
         await abandon(ctx)
         return None
-    ctx.transaction_conn = None
-    ctx.transaction_end = None
-    ctx.transaction_state = "done"
+    _close(ctx)
     try:
-        await ender.end()
+        await opened.end()
     except Exception as error:
         log.error("job %s attempt %d: the commit of its transaction failed (%s): the outcome is unknown "
                   "here; its lease will expire and the sweeper will decide", ctx.job_id, ctx.attempt, error)
