@@ -6,13 +6,14 @@
     cluster.kill_node("n1"); cluster.start_node("n1")
     cluster.close()
 
-Each node is one etcd member + one Patroni + the PostgreSQL it manages, and its Patroni talks only to its own
-etcd member, so that `partition_node` can cut a node off by ports alone: iptables (in a chain of the run's
-own, on loopback) drops every packet to or from the node's PostgreSQL, REST, etcd client and etcd peer ports.
-That is a true partition of the node (its clients see half-open sockets, its etcd member loses the quorum, its
-Patroni loses the DCS), which a loopback cluster cannot get otherwise (all nodes share 127.0.0.1, so source
-addresses cannot tell nodes apart). Patroni reaches its own PostgreSQL over the unix socket, which the
-partition leaves alone, as a local socket would be on a real host.
+Each node is one etcd member + one Patroni + the PostgreSQL it manages, all in a cgroup of the node's own,
+and its Patroni talks only to its own etcd member. `partition_node` cuts a node off for real: iptables (in
+chains of the run's own) drops every TCP packet the node's processes send on loopback (matched by their
+cgroup, so kernel ACKs of their sockets too) and every packet sent to the node's ports. Its clients see
+half-open sockets, its etcd member loses the quorum, its Patroni loses the DCS. Ports alone cannot do this on
+one loopback address: connections that a node's processes open leave from ephemeral ports, and Patroni's etcd
+client moves to the other members' client URLs. Patroni reaches its own PostgreSQL over the unix socket, which
+the partition leaves alone, as a local socket would be on a real host.
 
 Patroni runs as the `postgres` OS user from the venv `tools/ha/setup.sh` builds (TASKQ_HA_PREFIX, default
 /opt/taskq-ha); the PostgreSQL binaries are Debian's 15 (TASKQ_HA_PG_BIN). Requires root (to start processes
@@ -42,8 +43,17 @@ NODES = ("n1", "n2", "n3")
 TTL, LOOP_WAIT, RETRY_TIMEOUT = 20, 2, 4
 """Patroni's timing. Patroni 4.1.5 raises a ttl under 20 to 20, and needs loop_wait + 2 * retry_timeout <= ttl."""
 assert LOOP_WAIT + 2 * RETRY_TIMEOUT <= TTL
-CHAIN = "TASKQ_HA"
-"""The iptables chain of partitions (jumped to from INPUT; removed when the cluster closes)."""
+CHAINS = {"OUTPUT": "TASKQ_HA_OUT", "INPUT": "TASKQ_HA_IN"}
+"""The iptables chains of partitions (jumped to from OUTPUT and INPUT; removed when the cluster closes)."""
+
+
+def cgroup2_root() -> Path | None:
+    """Where the cgroup v2 hierarchy is mounted (alone, or beside v1 controllers as `unified`)."""
+    for line in Path("/proc/mounts").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 2 and fields[2] == "cgroup2":
+            return Path(fields[1])
+    return None
 
 
 def missing_tools() -> list[str]:
@@ -57,6 +67,8 @@ def missing_tools() -> list[str]:
         missing.append(f"PostgreSQL binaries in {PG_BIN}")
     if shutil.which("iptables") is None:
         missing.append("iptables (apt-get install iptables; tools/ha/setup.sh)")
+    if cgroup2_root() is None:
+        missing.append("a cgroup v2 hierarchy (partitions match a node's processes by cgroup)")
     if os.geteuid() != 0:
         missing.append("root (Patroni runs as postgres, partitions use iptables)")
     return missing
@@ -83,6 +95,7 @@ class Node:
     root: Path
     patroni: subprocess.Popen[bytes] | None = None
     etcd: subprocess.Popen[bytes] | None = None
+    cgroup: Path | None = None
     stopped: set[int] = field(default_factory=set)
     """Pids this run SIGSTOPped and has not yet continued."""
 
@@ -111,6 +124,11 @@ class Node:
             return []
         return [master, *_children(master)]
 
+    def join_cgroup(self, pid: int) -> None:
+        """Put a process of the node (etcd, Patroni; PostgreSQL inherits it from Patroni) in its cgroup."""
+        if self.cgroup is not None:
+            (self.cgroup / "cgroup.procs").write_text(str(pid))
+
     def walreceiver_pids(self) -> list[int]:
         return [pid for pid in self.postgres_pids() if "walreceiver" in _cmdline(pid)]
 
@@ -129,6 +147,7 @@ class Cluster:
         self.log = log or (lambda message: None)
         self._chain_made = False
         self.partitioned: set[str] = set()
+        self.cgroups: Path | None = None
 
     # -- the multi-host DSN -------------------------------------------------------------------------
 
@@ -150,11 +169,17 @@ class Cluster:
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o755)
         token = f"taskq-ha-{os.getpid()}-{int(time.time())}"
+        cg_root = cgroup2_root()
+        assert cg_root is not None
+        self.cgroups = cg_root / token
+        self.cgroups.mkdir()
         initial = ",".join(f"e{n.index}=http://127.0.0.1:{n.ports.etcd_peer}" for n in self.nodes.values())
         for node in self.nodes.values():
             node.root.mkdir(parents=True, exist_ok=True)
             shutil.chown(node.root, OS_USER, OS_USER)
             os.chmod(node.root, 0o700)
+            node.cgroup = self.cgroups / node.name
+            node.cgroup.mkdir()
             etcd_dir = self.root / f"etcd-{node.name}"
             etcd_dir.mkdir(exist_ok=True)
             client, peer = f"http://127.0.0.1:{node.ports.etcd_client}", f"http://127.0.0.1:{node.ports.etcd_peer}"
@@ -166,6 +191,7 @@ class Cluster:
             with open(etcd_dir / "etcd.log", "ab") as out:
                 node.etcd = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                              cwd=str(etcd_dir))
+            node.join_cgroup(node.etcd.pid)
             (node.root / "patroni.yml").write_text(json.dumps(self._patroni_config(node), indent=1))
             shutil.chown(node.root / "patroni.yml", OS_USER, OS_USER)
         self._wait(lambda: all(_etcd_healthy(n) for n in self.nodes.values()), 30, "etcd members healthy")
@@ -174,7 +200,7 @@ class Cluster:
             if node.index == 1:  # the first one bootstraps; the others then clone from it
                 self._wait(lambda: self.leader() is not None, timeout, "a leader bootstrapped")
         self.wait_healthy(timeout)
-        self._ensure_chain()
+        self._ensure_chains()
 
     def _patroni_config(self, node: Node) -> dict[str, Any]:
         parameters = {
@@ -221,6 +247,8 @@ class Cluster:
             node.patroni = subprocess.Popen([str(PREFIX / "bin" / "patroni"), str(node.root / "patroni.yml")],
                                             user=OS_USER, group=OS_USER, env=env, cwd=str(node.root),
                                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        # before it starts PostgreSQL (a second or more away), which then inherits the cgroup
+        node.join_cgroup(node.patroni.pid)
 
     def start_node(self, name: str) -> None:
         """Start a node's Patroni again after `kill_node` (it rejoins, with pg_rewind if it must)."""
@@ -246,7 +274,7 @@ class Cluster:
         """Stop everything of the run: continue what was stopped, heal partitions, stop Patroni (it stops
         PostgreSQL), then kill what remains; remove the directory."""
         self.heal()
-        self._drop_chain()
+        self._drop_chains()
         for node in self.nodes.values():
             for pid in list(node.stopped):
                 _signal(pid, signal.SIGCONT)
@@ -268,6 +296,16 @@ class Cluster:
             if node.etcd is not None and node.etcd.poll() is None:
                 node.etcd.kill()
                 node.etcd.wait(10)
+        if self.cgroups is not None:
+            for node in self.nodes.values():
+                if node.cgroup is not None:
+                    for member in (node.cgroup / "cgroup.procs").read_text().split():
+                        _signal(int(member), signal.SIGKILL)
+                    _wait_gone(node.cgroup)
+                    with contextlib.suppress(OSError):
+                        node.cgroup.rmdir()
+            with contextlib.suppress(OSError):
+                self.cgroups.rmdir()
         shutil.rmtree(self.root, ignore_errors=True)
 
     # -- what the cluster says -------------------------------------------------------------------------
@@ -348,35 +386,41 @@ class Cluster:
         return process.pid if process is not None and process.poll() is None else None
 
     def partition_node(self, name: str) -> None:
-        """Drop every packet to or from the node's PostgreSQL, REST and etcd ports (see the module doc)."""
-        ports = self.nodes[name].ports
-        self._ensure_chain()
-        for port in (ports.pg, ports.rest, ports.etcd_client, ports.etcd_peer):
-            for direction in ("--dport", "--sport"):
-                _iptables("-A", CHAIN, "-i", "lo", "-p", "tcp", direction, str(port), "-j", "DROP")
+        """Cut the node off: nothing its processes send on loopback leaves, nothing sent to its ports
+        arrives (see the module doc)."""
+        node = self.nodes[name]
+        assert self.cgroups is not None and node.cgroup is not None
+        self._ensure_chains()
+        path = str(node.cgroup.relative_to(self.cgroups.parent))
+        _iptables("-A", CHAINS["OUTPUT"], "-o", "lo", "-m", "cgroup", "--path", path, "-j", "DROP")
+        for port in (node.ports.pg, node.ports.rest, node.ports.etcd_client, node.ports.etcd_peer):
+            _iptables("-A", CHAINS["INPUT"], "-i", "lo", "-p", "tcp", "--dport", str(port), "-j", "DROP")
         self.partitioned.add(name)
 
     def heal(self) -> None:
         if self._chain_made:
-            _iptables("-F", CHAIN, check=False)
+            for chain in CHAINS.values():
+                _iptables("-F", chain, check=False)
         self.partitioned.clear()
 
-    def _ensure_chain(self) -> None:
+    def _ensure_chains(self) -> None:
         if self._chain_made:
             return
-        # a chain an earlier, killed run left behind: flush and reuse it
-        if _iptables("-N", CHAIN, check=False) != 0:
-            _iptables("-F", CHAIN)
-        if _iptables("-C", "INPUT", "-j", CHAIN, check=False) != 0:
-            _iptables("-I", "INPUT", "-j", CHAIN)
+        for builtin, chain in CHAINS.items():
+            # a chain an earlier, killed run left behind: flush and reuse it
+            if _iptables("-N", chain, check=False) != 0:
+                _iptables("-F", chain)
+            if _iptables("-C", builtin, "-j", chain, check=False) != 0:
+                _iptables("-I", builtin, "-j", chain)
         self._chain_made = True
 
-    def _drop_chain(self) -> None:
+    def _drop_chains(self) -> None:
         if not self._chain_made:
             return
-        _iptables("-D", "INPUT", "-j", CHAIN, check=False)
-        _iptables("-F", CHAIN, check=False)
-        _iptables("-X", CHAIN, check=False)
+        for builtin, chain in CHAINS.items():
+            _iptables("-D", builtin, "-j", chain, check=False)
+            _iptables("-F", chain, check=False)
+            _iptables("-X", chain, check=False)
         self._chain_made = False
 
     # -- helpers -------------------------------------------------------------------------------------------
@@ -413,6 +457,15 @@ def _etcd_healthy(node: Node) -> bool:
             return bool(json.load(response).get("health") == "true")
     except (OSError, ValueError):
         return False
+
+
+def _wait_gone(cgroup: Path, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            if not (cgroup / "cgroup.procs").read_text().split():
+                return
+        time.sleep(0.05)
 
 
 def _port_taken(port: int) -> bool:
