@@ -78,6 +78,7 @@ from chaos_history import now as history_now
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from taskq.client import JobsClient
+from taskq.exceptions import TaskqError
 
 HISTORY_DSN_ENV = "TASKQ_CHAOS_HISTORY_DSN"
 
@@ -558,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with workdir_for(args.workdir) as workdir:
             report = asyncio.run(run_chaos(config, workdir))
-    except (psycopg.OperationalError, RuntimeError) as exc:
+    except (psycopg.Error, TaskqError, RuntimeError, OSError) as exc:
         said = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
         print(f"chaos: the run could not complete: {said}", file=sys.stderr)
         if args.json_report is not None:

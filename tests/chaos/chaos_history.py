@@ -254,7 +254,8 @@ async def copy_effects(history_dsn: str, db_dsn: str, run_id: str) -> int:
     async with await psycopg.AsyncConnection.connect(history_dsn, autocommit=True) as src, \
             await psycopg.AsyncConnection.connect(db_dsn, autocommit=True) as dst:
         cols = ", ".join(EFFECT_COLUMNS)
-        rows = await (await src.execute(f"SELECT {cols} FROM chaos.effects WHERE run = %s ORDER BY id",
+        read = ", ".join(f"{c}::text" if c == "result" else c for c in EFFECT_COLUMNS)  # jsonb as its text
+        rows = await (await src.execute(f"SELECT {read} FROM chaos.effects WHERE run = %s ORDER BY id",
                                         (run_id,))).fetchall()
         async with dst.cursor() as cur, cur.copy(f"COPY chaos.effects ({cols}) FROM STDIN") as copy:
             for row in rows:
