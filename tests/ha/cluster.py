@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 PREFIX = Path(os.environ.get("TASKQ_HA_PREFIX", "/opt/taskq-ha"))
 PG_BIN = Path(os.environ.get("TASKQ_HA_PG_BIN", "/usr/lib/postgresql/15/bin"))
 OS_USER = "postgres"
@@ -128,9 +130,6 @@ class Node:
         """Put a process of the node (etcd, Patroni; PostgreSQL inherits it from Patroni) in its cgroup."""
         if self.cgroup is not None:
             (self.cgroup / "cgroup.procs").write_text(str(pid))
-
-    def walreceiver_pids(self) -> list[int]:
-        return [pid for pid in self.postgres_pids() if "walreceiver" in _cmdline(pid)]
 
 
 class Cluster:
@@ -396,6 +395,25 @@ class Cluster:
         for port in (node.ports.pg, node.ports.rest, node.ports.etcd_client, node.ports.etcd_peer):
             _iptables("-A", CHAINS["INPUT"], "-i", "lo", "-p", "tcp", "--dport", str(port), "-j", "DROP")
         self.partitioned.add(name)
+
+    def hold_back_replication(self, leader: str) -> list[str]:
+        """Lag for real: drop the WAL the leader sends to each streaming replica (its walsender's packets to
+        the walreceiver's port, from pg_stat_replication), so that the leader's commits stay on it alone.
+        Stopping the walreceivers would not do: the kernel still takes the WAL into their sockets' buffers.
+        Returns the replicas held back; `heal()` lets the stream go again."""
+        node = self.nodes[leader]
+        with psycopg.connect(node.dsn(), autocommit=True) as conn:
+            rows = conn.execute("SELECT application_name, client_port FROM pg_stat_replication "
+                                "WHERE client_port IS NOT NULL").fetchall()
+        self._ensure_chains()
+        for _, port in rows:
+            _iptables("-A", CHAINS["INPUT"], "-i", "lo", "-p", "tcp", "--sport", str(node.ports.pg),
+                      "--dport", str(port), "-j", "DROP")
+        return sorted(str(name) for name, _ in rows)
+
+    def etcd_alive(self) -> list[str]:
+        """The etcd members whose process died (none should: the drill never kills one)."""
+        return [n.name for n in self.nodes.values() if n.etcd is not None and n.etcd.poll() is not None]
 
     def heal(self) -> None:
         if self._chain_made:

@@ -55,4 +55,5 @@ async def test_asynchronous_cluster_with_lag_injected_shows_the_checker_finds_th
     assert result.ok, result.render()
     history = result.chaos["history_checks"]
     assert history["I1_missing"] + history["I2_rerun"] + history["I2_reverted"] > 0, history
-    assert history["I3_claim"] == history["I3_stale"] == 0, history
+    # a lost claim may be issued again and run twice (I3_claim, reported); its stale result may never win
+    assert history["I3_stale"] == 0, history

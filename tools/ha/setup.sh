@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the failover drill (tests/ha) needs, idempotently; run as root (CI and the dev VMs are).
+#   - iptables from Debian (partition_leader cuts a node off by its cgroup and ports);
 #   - etcd 3.4 from Debian (`etcd-server`, `etcd-client`); the drill starts its own members, so a service
 #     the package starts is stopped and disabled (it would hold the default ports 2379/2380);
 #   - Patroni 4.1.5 (with its etcd3 and psycopg3 extras) in a virtualenv the `postgres` OS user can run:
@@ -26,6 +27,13 @@ for tool in postgres initdb pg_ctl pg_basebackup pg_rewind; do
     fi
 done
 id postgres >/dev/null 2>&1 || { say "no 'postgres' OS user (it comes with PostgreSQL's Debian packages)" >&2; exit 2; }
+
+# -- iptables -------------------------------------------------------------------------------------------
+if ! command -v iptables >/dev/null; then
+    say "installing iptables (apt-get)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iptables
+fi
 
 # -- etcd ---------------------------------------------------------------------------------------------
 if ! command -v etcd >/dev/null || ! command -v etcdctl >/dev/null; then
