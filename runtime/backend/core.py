@@ -23,7 +23,15 @@ from psycopg_pool import AsyncConnectionPool
 
 from taskq import sql
 from taskq.backend import unique
-from taskq.backend._conn import connect_error, connection_kwargs, is_connection_lost, uuid7
+from taskq.backend._conn import (
+    ReadWritePool,
+    connect_error,
+    connection_kwargs,
+    is_connection_lost,
+    keepalive_kwargs,
+    outage_error,
+    uuid7,
+)
 from taskq.backend.caller import caller_cursor, check_caller_connection, schema_needed
 from taskq.backend.dependencies import revive_dependents
 from taskq.backend.notify import EnqueueNotifier
@@ -37,9 +45,7 @@ from taskq.backend.params import (
     filter_params,
     row_to_job,
 )
-from taskq.dsn import redact_dsn
 from taskq.exceptions import (
-    DatabaseUnavailable,
     SchemaNotReady,
     SchemaTooNew,
     UniqueKeyContention,
@@ -66,13 +72,10 @@ def reports_outage(method: _Method) -> _Method:
     async def wrapper(self: Backend, *args: Any, **kwargs: Any) -> Any:
         try:
             return await method(self, *args, **kwargs)
-        except psycopg.OperationalError as exc:
+        except psycopg.Error as exc:
             if not is_connection_lost(exc):
                 raise
-            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise DatabaseUnavailable(
-                f"lost the connection to PostgreSQL at {redact_dsn(self.dsn)}: {detail}"
-            ) from exc
+            raise outage_error(self.dsn, exc) from exc
 
     return cast(_Method, wrapper)
 
@@ -136,7 +139,8 @@ class Backend:
         `worker_id` names a worker's connections (see WORKER_APPLICATION_NAME), at connect time, with no
         extra round trip. `transaction_pooler`: `dsn` goes through PgBouncer in transaction mode, or the like."""
         try:
-            probe = await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=int(max(1, timeout)))
+            probe = await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=int(max(1, timeout)),
+                                                          **keepalive_kwargs(dsn))
         except psycopg.OperationalError as exc:
             raise connect_error(dsn, exc) from None
         try:
@@ -145,7 +149,7 @@ class Backend:
             database = probe.info.dbname
         finally:
             await probe.close()
-        pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
+        pool: AsyncConnectionPool[AsyncConnection[Any]] = ReadWritePool(
             dsn,
             min_size=min_size,
             max_size=max_size,

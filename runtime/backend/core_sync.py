@@ -26,7 +26,14 @@ from psycopg.rows import dict_row
 
 from taskq import sql
 from taskq.backend import unique_sync
-from taskq.backend._conn import connect_error, connection_kwargs, is_connection_lost, uuid7
+from taskq.backend._conn import (
+    connect_error,
+    connection_kwargs,
+    is_connection_lost,
+    keepalive_kwargs,
+    outage_error,
+    uuid7,
+)
 from taskq.backend.caller_sync import caller_cursor, check_caller_connection, schema_needed
 from taskq.backend.dependencies_sync import revive_dependents
 from taskq.backend.params import (
@@ -40,8 +47,7 @@ from taskq.backend.params import (
     row_to_job,
 )
 from taskq.backend.sync_pool import LazyConnectionPool, SyncNotifier
-from taskq.dsn import redact_dsn
-from taskq.exceptions import DatabaseUnavailable, SchemaNotReady, SchemaTooNew, UniqueKeyContention
+from taskq.exceptions import SchemaNotReady, SchemaTooNew, UniqueKeyContention
 from taskq.models import (
     BulkCancelResult,
     JobAttempt,
@@ -64,11 +70,10 @@ def reports_outage(method: _Method) -> _Method:
     def wrapper(self: SyncBackend, *args: Any, **kwargs: Any) -> Any:
         try:
             return method(self, *args, **kwargs)
-        except psycopg.OperationalError as exc:
+        except psycopg.Error as exc:
             if not is_connection_lost(exc):
                 raise
-            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise DatabaseUnavailable(f"lost the connection to PostgreSQL at {redact_dsn(self.dsn)}: {detail}") from exc
+            raise outage_error(self.dsn, exc) from exc
 
     return cast(_Method, wrapper)
 
@@ -140,7 +145,9 @@ class SyncBackend:
         `worker_id` names a worker's connections (see WORKER_APPLICATION_NAME), at connect time, with no
         extra round trip. `transaction_pooler`: `dsn` goes through PgBouncer in transaction mode, or the like."""
         try:
-            probe = psycopg.Connection.connect(dsn, autocommit=True, connect_timeout=int(max(1, timeout)))
+            probe = psycopg.Connection.connect(
+                dsn, autocommit=True, connect_timeout=int(max(1, timeout)), **keepalive_kwargs(dsn)
+            )
         except psycopg.OperationalError as exc:
             raise connect_error(dsn, exc) from None
         try:
