@@ -48,9 +48,25 @@ def uuid7_many(n: int) -> list[UUID]:
 
 
 def connect_error(dsn: str, exc: BaseException) -> DatabaseUnavailable:
-    """A DatabaseUnavailable naming the server (never the password) and PostgreSQL's first line."""
-    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return DatabaseUnavailable(f"cannot connect to PostgreSQL at {redact_dsn(dsn)}: {detail}")
+    """A DatabaseUnavailable naming the server (never the password) and PostgreSQL's first line (with
+    several hosts, each host's), with what to do when the cause is a known misconfiguration."""
+    text = str(exc).strip()
+    lines = text.splitlines()
+    detail = lines[0] if lines else type(exc).__name__
+    per_host = [line.strip()[2:] for line in lines if line.strip().startswith("- host:")]
+    if per_host:  # libpq tried every host of a multi-host DSN
+        detail = "every host failed: " + "; ".join(per_host)
+    return DatabaseUnavailable(f"cannot connect to PostgreSQL at {redact_dsn(dsn)}: {detail}{_hint(text)}")
+
+
+def _hint(text: str) -> str:
+    if "unsupported startup parameter" in text:
+        return (" (this looks like a transaction pooler, such as PgBouncer, which refuses the worker's startup "
+                "options: set transaction_pooler (TASKQ_TRANSACTION_POOLER=1) and give listen_dsn a direct DSN)")
+    if "read-only" in text or "hot standby" in text:
+        return (" (no host of the DSN takes writes: taskq needs the primary; with several hosts, "
+                "target_session_attrs=read-write picks it, and a failover in progress ends once one is promoted)")
+    return ""
 
 
 def outage_error(dsn: str, exc: BaseException) -> DatabaseUnavailable:
@@ -84,6 +100,11 @@ WORKER_APPLICATION_NAME = "taskq-worker "
 """A worker's connections carry `application_name` = this prefix + its id: the lease-loss triggers read it
 to tell the worker's own writes from anyone else's. Transaction poolers (PgBouncer) carry application_name
 to whichever server connection runs the transaction, where they refuse a startup `options` setting."""
+
+
+LISTENER_APPLICATION_NAME = "taskq-listener "
+"""A worker's LISTEN connection carries `application_name` = this prefix + the worker's id: `taskq doctor` and
+the failover drill count the workers listening on a server by it."""
 
 
 def connection_kwargs(dsn: str, *, worker_id: str | None, transaction_pooler: bool) -> dict[str, Any]:

@@ -28,8 +28,8 @@ from taskq.backend._conn import (
     connect_error,
     connection_kwargs,
     is_connection_lost,
-    keepalive_kwargs,
     outage_error,
+    read_only_reason,
     uuid7,
 )
 from taskq.backend.caller import caller_cursor, check_caller_connection, schema_needed
@@ -45,7 +45,9 @@ from taskq.backend.params import (
     filter_params,
     row_to_job,
 )
+from taskq.dsn import redact_dsn
 from taskq.exceptions import (
+    DatabaseUnavailable,
     SchemaNotReady,
     SchemaTooNew,
     UniqueKeyContention,
@@ -138,12 +140,18 @@ class Backend:
 
         `worker_id` names a worker's connections (see WORKER_APPLICATION_NAME), at connect time, with no
         extra round trip. `transaction_pooler`: `dsn` goes through PgBouncer in transaction mode, or the like."""
+        options = connection_kwargs(dsn, worker_id=worker_id, transaction_pooler=transaction_pooler)
         try:
-            probe = await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=int(max(1, timeout)),
-                                                          **keepalive_kwargs(dsn))
+            # with the pool's own options, so that a server refusing them says so here, once
+            probe = await psycopg.AsyncConnection.connect(dsn, connect_timeout=int(max(1, timeout)), **options)
         except psycopg.OperationalError as exc:
             raise connect_error(dsn, exc) from None
         try:
+            read_only = read_only_reason(probe)
+            if worker_id is not None and read_only is not None:  # a worker only writes: say why it cannot
+                raise DatabaseUnavailable(
+                    f"PostgreSQL at {redact_dsn(dsn)} cannot take writes: {read_only}; a worker needs the primary "
+                    "(with several hosts in the DSN, add target_session_attrs=read-write)")
             if check:
                 await check_schema(probe)
             database = probe.info.dbname
@@ -153,7 +161,7 @@ class Backend:
             dsn,
             min_size=min_size,
             max_size=max_size,
-            kwargs=connection_kwargs(dsn, worker_id=worker_id, transaction_pooler=transaction_pooler),
+            kwargs=options,
             open=False,
             name="taskq",
             timeout=timeout,

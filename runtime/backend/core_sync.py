@@ -30,8 +30,8 @@ from taskq.backend._conn import (
     connect_error,
     connection_kwargs,
     is_connection_lost,
-    keepalive_kwargs,
     outage_error,
+    read_only_reason,
     uuid7,
 )
 from taskq.backend.caller_sync import caller_cursor, check_caller_connection, schema_needed
@@ -47,7 +47,8 @@ from taskq.backend.params import (
     row_to_job,
 )
 from taskq.backend.sync_pool import LazyConnectionPool, SyncNotifier
-from taskq.exceptions import SchemaNotReady, SchemaTooNew, UniqueKeyContention
+from taskq.dsn import redact_dsn
+from taskq.exceptions import DatabaseUnavailable, SchemaNotReady, SchemaTooNew, UniqueKeyContention
 from taskq.models import (
     BulkCancelResult,
     JobAttempt,
@@ -144,13 +145,18 @@ class SyncBackend:
 
         `worker_id` names a worker's connections (see WORKER_APPLICATION_NAME), at connect time, with no
         extra round trip. `transaction_pooler`: `dsn` goes through PgBouncer in transaction mode, or the like."""
+        options = connection_kwargs(dsn, worker_id=worker_id, transaction_pooler=transaction_pooler)
         try:
-            probe = psycopg.Connection.connect(
-                dsn, autocommit=True, connect_timeout=int(max(1, timeout)), **keepalive_kwargs(dsn)
-            )
+            # with the pool's own options, so that a server refusing them says so here, once
+            probe = psycopg.Connection.connect(dsn, connect_timeout=int(max(1, timeout)), **options)
         except psycopg.OperationalError as exc:
             raise connect_error(dsn, exc) from None
         try:
+            read_only = read_only_reason(probe)
+            if worker_id is not None and read_only is not None:  # a worker only writes: say why it cannot
+                raise DatabaseUnavailable(
+                    f"PostgreSQL at {redact_dsn(dsn)} cannot take writes: {read_only}; a worker needs the primary (with several hosts in the DSN, add target_session_attrs=read-write)"
+                )
             if check:
                 check_schema(probe)
             database = probe.info.dbname
@@ -160,7 +166,7 @@ class SyncBackend:
             dsn,
             min_size=min_size,
             max_size=max_size,
-            kwargs=connection_kwargs(dsn, worker_id=worker_id, transaction_pooler=transaction_pooler),
+            kwargs=options,
             open=False,
             name="taskq",
             timeout=timeout,

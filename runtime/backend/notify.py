@@ -46,7 +46,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool
 
 from taskq import sql
-from taskq.backend._conn import keepalive_kwargs
+from taskq.backend._conn import LISTENER_APPLICATION_NAME, keepalive_kwargs
 
 log = logging.getLogger("taskq.client")
 
@@ -228,11 +228,14 @@ class ListenerUnfit(Exception):
     stopped listening. The listener reconnects."""
 
 
-async def open_listener(dsn: str, *, connect_timeout: float = 10.0) -> AsyncConnection[Any]:
+async def open_listener(dsn: str, *, connect_timeout: float = 10.0, worker_id: str | None = None
+                        ) -> AsyncConnection[Any]:
     """A dedicated autocommit connection, with TCP keepalives and a user timeout (TCP_KEEPALIVES), that
     LISTENs on every taskq channel, on a primary (ListenerUnfit on a standby: LISTEN there would hear
-    nothing). The worker's listener reads `notifies()` from it, probes it (`probe_listener`) and closes it."""
-    options = keepalive_kwargs(dsn)
+    nothing), named after `worker_id` (LISTENER_APPLICATION_NAME). The worker's listener reads `notifies()` from it, probes it (`probe_listener`) and closes it."""
+    options: dict[str, Any] = keepalive_kwargs(dsn)
+    if worker_id is not None:
+        options["application_name"] = LISTENER_APPLICATION_NAME + worker_id
     if "connect_timeout" not in conninfo_to_dict(dsn):  # libpq's, per host tried
         options["connect_timeout"] = max(2, round(connect_timeout))
     conn = await AsyncConnection.connect(dsn, autocommit=True, **options)

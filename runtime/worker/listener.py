@@ -43,8 +43,10 @@ class Listener:
     (re)connection, for whatever was missed while the connection was down."""
 
     def __init__(self, dsn: str, routes: Mapping[str, Route], *, on_connect: Callable[[], None],
-                 probe_interval: float = PROBE_INTERVAL, probe_timeout: float = PROBE_TIMEOUT) -> None:
+                 probe_interval: float = PROBE_INTERVAL, probe_timeout: float = PROBE_TIMEOUT,
+                 worker_id: str | None = None) -> None:
         self.dsn = dsn
+        self.worker_id = worker_id
         self._routes = dict(routes)
         self._on_connect = on_connect
         self.probe_interval = probe_interval
@@ -61,7 +63,7 @@ class Listener:
         failures = 0
         while True:
             try:
-                conn = await open_listener(self.dsn, connect_timeout=self.probe_timeout)
+                conn = await open_listener(self.dsn, connect_timeout=self.probe_timeout, worker_id=self.worker_id)
             except (psycopg.Error, OSError, ListenerUnfit) as exc:
                 failures += 1
                 if down_since is None:
