@@ -3,7 +3,8 @@
 -- view the role may not read fails that check alone. Other sessions' transactions, xmin and query text are
 -- visible only to a member of pg_read_all_stats (pg_monitor) or of the session's role: `hidden` counts the
 -- sessions the checks could not see. Our own session is left out everywhere (it holds a snapshot while it
--- reads). Parameters are psycopg %(name)s.
+-- reads). PostgreSQL shows a hidden session's query as '<insufficient privilege>' and most of its columns as NULL.
+-- Parameters are psycopg %(name)s.
 
 -- name: doctor_server
 SELECT current_setting('server_version') AS server_version,
@@ -33,8 +34,7 @@ SELECT pg_backend_pid() AS pid;
 SELECT a.pid, a.usename AS role, a.application_name, a.state, a.datname AS database,
        extract(epoch FROM now() - a.xact_start)::float8 AS age,
        left(regexp_replace(a.query, '\s+', ' ', 'g'), 120) AS query,
-       (SELECT count(*) FROM pg_stat_activity AS h
-        WHERE h.backend_type = 'client backend' AND h.pid <> pg_backend_pid() AND h.state IS NULL) AS hidden
+       (SELECT count(*) FROM pg_stat_activity AS h WHERE h.query = '<insufficient privilege>') AS hidden
 FROM (SELECT 1) AS one
 LEFT JOIN LATERAL (
     SELECT * FROM pg_stat_activity AS s
@@ -44,14 +44,17 @@ LEFT JOIN LATERAL (
 
 -- name: doctor_xmin_horizon
 -- What holds back the oldest xmin, the horizon below which VACUUM may remove no dead row: a session's
--- snapshot (backend_xmin; a standby's hot_standby_feedback shows on its walsender), a prepared transaction,
+-- snapshot or its own open transaction's ID (backend_xmin, backend_xid: a session idle in transaction holds
+-- its xid; a standby's hot_standby_feedback shows on its walsender), a prepared transaction,
 -- or a replication slot (xmin, catalog_xmin). Its age is in transactions.
 SELECT h.kind, h.holder, h.detail, h.xid_age, h.seconds
 FROM (
     SELECT 'session' AS kind, a.pid::text AS holder,
            concat_ws(' ', a.backend_type, nullif(a.application_name, ''), a.state, a.datname) AS detail,
-           age(a.backend_xmin)::bigint AS xid_age, extract(epoch FROM now() - a.xact_start)::float8 AS seconds
-    FROM pg_stat_activity AS a WHERE a.backend_xmin IS NOT NULL AND a.pid <> pg_backend_pid()
+           greatest(age(a.backend_xmin), age(a.backend_xid))::bigint AS xid_age,
+           extract(epoch FROM now() - a.xact_start)::float8 AS seconds
+    FROM pg_stat_activity AS a
+    WHERE (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL) AND a.pid <> pg_backend_pid()
     UNION ALL
     SELECT 'prepared transaction', p.gid, concat_ws(' ', p.owner, p.database),
            age(p.transaction)::bigint, extract(epoch FROM now() - p.prepared)::float8
@@ -116,5 +119,4 @@ SELECT (SELECT count(*) FROM taskq.workers AS w WHERE w.lease_expires_at > now()
        (SELECT count(DISTINCT a.application_name) FROM pg_stat_activity AS a
         WHERE a.datname = current_database() AND a.application_name LIKE 'taskq-worker %%') AS named,
        (SELECT count(*) FROM pg_stat_activity AS a
-        WHERE a.datname = current_database() AND a.pid <> pg_backend_pid() AND a.backend_type = 'client backend'
-          AND a.state IS NULL) AS hidden;
+        WHERE a.datname = current_database() AND a.query = '<insufficient privilege>') AS hidden;
