@@ -73,7 +73,7 @@ class Facts:
     clock_uncertainty: float
     """Half the round trip of the best of the clock reads: the skew is known to this much."""
     oldest_transaction: Row | Unreadable
-    xmin_horizon: Row | None | Unreadable
+    xmin_horizon: Row | Unreadable | None
     slots: list[Row] | Unreadable
     tables: list[Row] | Unreadable
     xid_age: Row | Unreadable

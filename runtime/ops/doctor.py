@@ -284,8 +284,8 @@ def check_pooler(facts: Facts, transaction_pooler: bool) -> Check:
         return Check("transaction pooler", Status.WARN, f"not probed: {probe.reason}; {setting}",
                      "free a connection slot and run doctor again")
     assert isinstance(probe, PoolerProbe)
-    detail = {"announced_pid": probe.key_pid, "backend_pids": list(probe.pids), "options_refused": probe.options_refused,
-              "transaction_pooler": transaction_pooler}
+    detail = {"announced_pid": probe.key_pid, "backend_pids": list(probe.pids),
+              "options_refused": probe.options_refused, "transaction_pooler": transaction_pooler}
     fix = ("set transaction_pooler (TASKQ_TRANSACTION_POOLER=1 or --transaction-pooler) for every worker, client "
            "and CLI on this DSN, and give workers a direct listen_dsn")
     if probe.options_refused is not None:

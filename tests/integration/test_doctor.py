@@ -199,9 +199,12 @@ def test_the_monitor_role_runs_doctor_and_the_depth_and_reads_no_job(admin_dsn: 
         drop_roles(admin_dsn, dsn, worker, client, monitor)
 
 
+WRITES = "SELECT sum(n_tup_ins + n_tup_upd + n_tup_del) FROM pg_stat_user_tables WHERE schemaname = 'taskq'"
+
+
 def test_diagnose_is_read_only(dsn: str) -> None:
-    before = query(dsn, "SELECT sum(n_tup_ins + n_tup_upd + n_tup_del) FROM pg_stat_user_tables WHERE schemaname = 'taskq'")
+    before = query(dsn, WRITES)
     asyncio.run(diagnose(dsn, transaction_pooler=False))
     query(dsn, "SELECT pg_stat_force_next_flush()")
-    after = query(dsn, "SELECT sum(n_tup_ins + n_tup_upd + n_tup_del) FROM pg_stat_user_tables WHERE schemaname = 'taskq'")
+    after = query(dsn, WRITES)
     assert before == after

@@ -172,8 +172,8 @@ def test_a_long_finished_history_is_not_read(dsn: str) -> None:
         for call in ("SELECT taskq.queue_depth_v19(ARRAY['default'])", "SELECT taskq.queue_depth_v19()"):
             times = []
             for _ in range(20):
-                plan = [str(r[0]) for r in conn.execute(f"EXPLAIN (ANALYZE, BUFFERS) {call}").fetchall()]
-                times.append(float(re.findall(r"Execution Time: ([0-9.]+) ms", "\n".join(plan))[0]))
+                lines = [str(r[0]) for r in conn.execute(f"EXPLAIN (ANALYZE, BUFFERS) {call}").fetchall()]
+                times.append(float(re.findall(r"Execution Time: ([0-9.]+) ms", "\n".join(lines))[0]))
             times.sort()
             print(f"\n-- {call}: median {times[10]:.3f} ms, slowest {times[-1]:.3f} ms of 20 calls")
             assert times[10] < 5.0, times

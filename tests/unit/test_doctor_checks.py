@@ -170,7 +170,8 @@ def test_connections_notify_queue_clock_and_autovacuum_thresholds() -> None:
 def test_warnings_exit_0_unless_strict_and_a_critical_check_exits_16() -> None:
     warned = evaluate(healthy(clock_skew=2.0), transaction_pooler=False)
     assert exit_code(warned, strict=False) == ExitCode.OK
-    assert exit_code(warned, strict=True) == ExitCode.UNHEALTHY == 16
+    assert exit_code(warned, strict=True) == ExitCode.UNHEALTHY
+    assert int(ExitCode.UNHEALTHY) == 16
     critical = evaluate(healthy(schema_version=3), transaction_pooler=False)
     assert exit_code(critical, strict=False) == ExitCode.UNHEALTHY
     assert "- schema (critical): run `taskq migrate`" in report_text(critical)
