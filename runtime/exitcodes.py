@@ -75,6 +75,10 @@ class ExitCode(enum.IntEnum):
     CRASH_LOOP = 15
     """The supervisor stopped because `--crash-limit` workers died within `--crash-window` seconds."""
 
+    UNHEALTHY = 16
+    """`taskq doctor` found a check critical (with `--strict`, also one that warns): its report says which
+    and what to do."""
+
     INTERRUPTED = 130
     """A command was interrupted (Ctrl-C)."""
 

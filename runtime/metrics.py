@@ -136,6 +136,18 @@ HEARTBEAT_TICK = LazyHistogram(
 HEARTBEAT_FAILURES = LazyGauge(
     "taskq_heartbeat_consecutive_failures", "Heartbeat ticks failed in a row", multiprocess_mode="livemax"
 )
+LISTENER_RECONNECTS = LazyCounter(
+    "taskq_listener_reconnects",
+    "LISTEN connections given up and opened again, by reason: lost (an error on the connection), standby (its "
+    "server is in recovery), not_listening (the session lost its LISTENs), probe_timeout (no answer)",
+    ["reason"],
+)
+LISTENER_CONNECTED_AT = LazyGauge(
+    "taskq_listener_connected_since_seconds",
+    "Unix time at which the worker's LISTEN connection was opened (its age is now minus this); 0 while it has "
+    "none, when the worker finds new jobs by polling every poll_interval",
+    multiprocess_mode="liveall",
+)
 JOBS_SWEPT = LazyCounter("taskq_jobs_swept", "Expired leases reclaimed by the sweeper, by verdict", ["verdict"])
 LEAKED_THREADS = LazyGauge("taskq_leaked_threads", "Actor threads that never left after a forced cancel",
                            multiprocess_mode="livesum")

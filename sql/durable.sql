@@ -15,7 +15,7 @@ FROM taskq.job_steps WHERE job_id = %(job_id)s;
 WITH j AS (
     SELECT id FROM taskq.jobs
     WHERE id = %(job_id)s AND coalesce(status, '') = 'running' AND attempt = %(attempt)s
-      AND claim_epoch = %(claim_epoch)s
+      AND claim_epoch = %(claim_epoch)s AND worker_id = %(worker_id)s
     FOR SHARE
 ), ins AS (
     INSERT INTO taskq.job_steps (job_id, kind, name, attempt, claim_epoch, result, wake_at)
@@ -45,7 +45,7 @@ SELECT (SELECT count(*) FROM j) AS held,
 WITH j AS (
     SELECT id FROM taskq.jobs
     WHERE id = %(job_id)s AND coalesce(status, '') = 'running' AND attempt = %(attempt)s
-      AND claim_epoch = %(claim_epoch)s
+      AND claim_epoch = %(claim_epoch)s AND worker_id = %(worker_id)s
     FOR SHARE
 ), s AS (
     SELECT sg.id FROM taskq.job_signals AS sg JOIN j ON sg.job_id = j.id
@@ -76,7 +76,7 @@ FROM (SELECT 1) AS one LEFT JOIN took AS k ON true;
 WITH j AS (
     SELECT id FROM taskq.jobs
     WHERE id = %(job_id)s AND coalesce(status, '') = 'running' AND attempt = %(attempt)s
-      AND claim_epoch = %(claim_epoch)s
+      AND claim_epoch = %(claim_epoch)s AND worker_id = %(worker_id)s
     FOR SHARE
 ), st AS (
     UPDATE taskq.job_steps AS t SET result = '{"timeout": true}'::jsonb, attempt = %(attempt)s,
@@ -140,4 +140,5 @@ DELETE FROM taskq.job_steps WHERE job_id = ANY(%(ids)s::uuid[]);
 -- row: the attempt lost the job, and the transaction rolls back.
 SELECT 1 FROM taskq.jobs
 WHERE id = %(id)s AND coalesce(status, '') = 'running' AND attempt = %(attempt)s AND claim_epoch = %(claim_epoch)s
+  AND worker_id = %(worker_id)s
 FOR NO KEY UPDATE;

@@ -1,6 +1,8 @@
 -- A job's row over its life: enqueue (with unique keys and the NOTIFY), reads, operator cancel and requeue
 -- (taskq.backend.core), and the worker's outcome writes (taskq.backend.workers). Every write to a claimed
--- row is fenced on (id, status='running', attempt, claim_epoch). Parameters are psycopg %(name)s.
+-- row is fenced on (id, status='running', attempt, claim_epoch, worker_id): the holder is named too, because
+-- a failover that loses a committed claim lets the new primary issue the same attempt and claim_epoch again,
+-- to another worker (docs/ha.md). Parameters are psycopg %(name)s.
 
 -- name: job_insert
 -- Returns only what the server decides; the client knows the rest of the row it sent. A plain
@@ -498,6 +500,7 @@ WITH i AS (
     -- running row of every worker (plus its dead entries until the next vacuum) for each finish. Each row
     -- is found by its primary key instead (benchmarks/README.md, "statements.py").
     WHERE j.id = i.id AND coalesce(j.status, '') = 'running' AND j.attempt = i.attempt AND j.claim_epoch = i.epoch
+      AND j.worker_id = %(worker_id)s
       AND (i.status <> 'cancelled' OR j.cancel_requested_at IS NOT NULL)
     -- j.* here is the row as written: a retry turned into a cancel reads status 'cancelled'
     RETURNING j.id, j.attempt, j.claim_epoch, %(worker_id)s::text AS worker_id, j.status,
@@ -545,6 +548,7 @@ WITH i AS (
     FROM taskq.jobs AS j JOIN i ON i.id = j.id
     -- coalesce: by primary key, never a scan of jobs_running_lease_idx (see job_finish_batch)
     WHERE coalesce(j.status, '') = 'running' AND j.attempt = i.attempt AND j.claim_epoch = i.epoch
+      AND j.worker_id = %(worker_id)s
 ), upd AS (
     UPDATE taskq.jobs AS j SET
         revision = j.revision + 1,
@@ -568,6 +572,7 @@ WITH i AS (
                             ELSE j.error_message END
     FROM verdict AS v
     WHERE j.id = v.id AND coalesce(j.status, '') = 'running' AND j.claim_epoch = v.claim_epoch
+      AND j.worker_id = %(worker_id)s
     RETURNING j.id, j.attempt, j.claim_epoch, v.status
 ), att AS (
     UPDATE taskq.job_attempts AS a SET finished_at = now(),
@@ -598,12 +603,14 @@ SELECT u.id, u.status FROM upd AS u;
 -- than retry it. No row: the attempt no longer holds the job and must not run.
 UPDATE taskq.jobs SET revision = revision + 1, idempotent = false
 WHERE id = %(id)s AND status = 'running' AND attempt = %(attempt)s AND claim_epoch = %(epoch)s
+  AND worker_id = %(worker_id)s
 RETURNING id;
 
 -- name: job_progress
 -- coalesce: by primary key, never a scan of jobs_running_lease_idx (see job_finish_batch)
 UPDATE taskq.jobs SET revision = revision + 1, progress = %(progress)s::jsonb
 WHERE id = %(id)s AND coalesce(status, '') = 'running' AND attempt = %(attempt)s AND claim_epoch = %(epoch)s
+  AND worker_id = %(worker_id)s
 RETURNING id;
 
 -- name: job_cancel_escalate
@@ -612,7 +619,7 @@ WITH upd AS (
     UPDATE taskq.jobs SET revision = revision + 1, cancel_phase = 2
     -- coalesce: by primary key, never a scan of jobs_running_lease_idx (see job_finish_batch)
     WHERE id = %(id)s AND coalesce(status, '') = 'running' AND attempt = %(attempt)s AND claim_epoch = %(epoch)s
-      AND cancel_phase = 1
+      AND worker_id = %(worker_id)s AND cancel_phase = 1
     RETURNING id, attempt
 ), ev AS (
     INSERT INTO taskq.job_events (job_id, kind, from_status, to_status, attempt, worker_id, detail)

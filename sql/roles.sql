@@ -8,10 +8,11 @@
 --
 --   psql "$OWNER_DSN" -v ON_ERROR_STOP=1 \
 --        -v worker_role=taskq_worker -v client_role=taskq_client \
---        [-v web_role=taskq_web] [-v admin_role=taskq_admin] -f roles.sql
+--        [-v web_role=taskq_web] [-v admin_role=taskq_admin] [-v monitor_role=taskq_monitor] -f roles.sql
 --
 -- web_role is the role `taskq web` runs as, admin_role the role that runs `taskq tokens create|revoke`.
--- Without them, serving the web API and managing tokens stay the owner's.
+-- Without them, serving the web API and managing tokens stay the owner's. monitor_role is the role of an
+-- autoscaler (KEDA) and of `taskq doctor`: counts and health, no job.
 --
 -- The roles must exist (CREATE ROLE taskq_worker LOGIN PASSWORD '...'); see docs/security.md for
 -- the owner role, the role creation and what each role can and cannot do. Sequences need no grant:
@@ -28,7 +29,8 @@ REVOKE ALL ON FUNCTION taskq.delete_terminal_jobs(uuid[]), taskq.delete_finished
     taskq.revive_dependents(uuid[], text), taskq.settle_backlog(integer),
     taskq.delete_operator_requests(text[], text[], float8), taskq.delete_operator_audit(bigint[], float8),
     taskq.audit_session_v15(text, text, uuid, text, text, text, jsonb), taskq.delete_terminal_jobs_v17(uuid[]),
-    taskq.signal_ready_v17(uuid, text), taskq.audit_session_v18(text, text, uuid, text, text, text, jsonb)
+    taskq.signal_ready_v17(uuid, text), taskq.audit_session_v18(text, text, uuid, text, text, text, jsonb),
+    taskq.queue_depth_v19(text[])
     FROM :"worker_role", :"client_role";
 -- owner-only: the three trigger functions (a trigger fires without EXECUTE), the audit's one writer (the
 -- functions below call it as the owner), the audit function of the web role and the token functions of the
@@ -173,6 +175,9 @@ GRANT EXECUTE ON FUNCTION taskq.fair_bases_v16(text, text[], integer, boolean), 
 GRANT SELECT, DELETE ON taskq.job_steps TO :"client_role";
 GRANT SELECT, INSERT (job_id, name, payload, sent_by) ON taskq.job_signals TO :"client_role";
 GRANT EXECUTE ON FUNCTION taskq.signal_ready_v17(uuid, text) TO :"client_role";
+-- the depth of a queue group for an autoscaler (sql/0019_queue_depth.sql, docs/kubernetes.md): a count, read
+-- by every role that reads the queue (a definer function, revoked from PUBLIC by its migration)
+GRANT EXECUTE ON FUNCTION taskq.queue_depth_v19(text[]) TO :"worker_role", :"client_role";
 
 COMMIT;
 
@@ -185,6 +190,7 @@ BEGIN;
 REVOKE ALL ON ALL TABLES IN SCHEMA taskq FROM :"web_role";
 REVOKE ALL ON SCHEMA taskq FROM :"web_role";
 REVOKE ALL ON FUNCTION taskq.revive_dependents(uuid[], text), taskq.signal_ready_v17(uuid, text),
+    taskq.queue_depth_v19(text[]),
     taskq.audit_write_v15(text, text, text, text, text, text, bigint, jsonb, uuid[], text[], bigint[], text[]),
     taskq.audit_write_v18(text, text, text, text, text, text, bigint, jsonb, uuid[], text[], bigint[], text[])
     FROM :"web_role";
@@ -228,6 +234,7 @@ GRANT EXECUTE ON FUNCTION
     taskq.audit_write_v15(text, text, text, text, text, text, bigint, jsonb, uuid[], text[], bigint[], text[]),
     taskq.audit_write_v18(text, text, text, text, text, text, bigint, jsonb, uuid[], text[], bigint[], text[])
     TO :"web_role";
+GRANT EXECUTE ON FUNCTION taskq.queue_depth_v19(text[]) TO :"web_role";
 COMMIT;
 \endif
 
@@ -246,5 +253,21 @@ GRANT SELECT ON taskq.api_tokens, taskq.operator_audit, taskq.schema_migrations 
 GRANT EXECUTE ON FUNCTION taskq.token_create_v15(text, text, text[], text), taskq.token_revoke_v15(text, text),
     taskq.token_create_v18(text, text, text[], text)
     TO :"admin_role";
+COMMIT;
+\endif
+
+-- MONITOR (an autoscaler such as KEDA, and `taskq doctor`): reads counts and health, never a job. It may run
+-- the queue-depth function (a count over the jobs, as the owner), read the schema version and the worker
+-- registry (hosts, pids, queues, heartbeats: no secret). It reads no job, payload, result or token. For the
+-- server-wide checks of `taskq doctor` (other sessions' transactions and queries), a superuser also grants
+-- it PostgreSQL's own pg_monitor role (docs/doctor.md); without it those checks say what they cannot see.
+\if :{?monitor_role}
+BEGIN;
+REVOKE ALL ON ALL TABLES IN SCHEMA taskq FROM :"monitor_role";
+REVOKE ALL ON SCHEMA taskq FROM :"monitor_role";
+REVOKE ALL ON FUNCTION taskq.queue_depth_v19(text[]) FROM :"monitor_role";
+GRANT USAGE ON SCHEMA taskq TO :"monitor_role";
+GRANT SELECT ON taskq.schema_migrations, taskq.workers TO :"monitor_role";
+GRANT EXECUTE ON FUNCTION taskq.queue_depth_v19(text[]) TO :"monitor_role";
 COMMIT;
 \endif

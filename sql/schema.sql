@@ -1,4 +1,4 @@
--- The taskq schema as migrations 0001..0018 leave it (the last: 0018_signal_audit.sql),
+-- The taskq schema as migrations 0001..0019 leave it (the last: 0019_queue_depth.sql),
 -- with taskq.schema_migrations, which `taskq migrate` creates before the first. For reading only:
 -- taskq never runs this file, and the migrations stay the source of truth.
 --
@@ -1607,6 +1607,28 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION taskq.queue_depth_v19(queues text[] DEFAULT NULL::text[]) RETURNS bigint
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog'
+    AS $$
+DECLARE
+    paused text[] := ARRAY(SELECT q.name FROM taskq.queues AS q WHERE q.paused_at IS NOT NULL);
+BEGIN
+    -- two statements rather than `queues IS NULL OR queue = ANY (queues)`, which would keep the planner
+    -- from using the queue column of the indexes
+    IF queues IS NULL THEN
+        RETURN (SELECT count(*) FROM taskq.jobs AS j
+                WHERE j.status IN ('pending', 'scheduled') AND j.scheduled_at <= now() AND j.queue <> ALL (paused))
+             + (SELECT count(*) FROM taskq.jobs AS j WHERE j.status = 'running' AND j.queue <> ALL (paused));
+    END IF;
+    RETURN (SELECT count(*) FROM taskq.jobs AS j
+            WHERE j.status IN ('pending', 'scheduled') AND j.scheduled_at <= now() AND j.queue = ANY (queues)
+              AND j.queue <> ALL (paused))
+         + (SELECT count(*) FROM taskq.jobs AS j
+            WHERE j.status = 'running' AND j.queue = ANY (queues) AND j.queue <> ALL (paused));
+END
+$$;
+
 CREATE FUNCTION taskq.record_lease_loss() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog'
@@ -1995,6 +2017,7 @@ REVOKE ALL ON FUNCTION taskq.delete_operator_requests(p_principals text[], p_key
 REVOKE ALL ON FUNCTION taskq.delete_terminal_jobs(p_ids uuid[], OUT jobs bigint, OUT events bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION taskq.delete_terminal_jobs_v17(p_ids uuid[], OUT jobs bigint, OUT events bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION taskq.note_settled() FROM PUBLIC;
+REVOKE ALL ON FUNCTION taskq.queue_depth_v19(queues text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION taskq.record_lease_loss() FROM PUBLIC;
 REVOKE ALL ON FUNCTION taskq.revive_dependents(p_ids uuid[], p_reason text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION taskq.settle_backlog(p_slices integer) FROM PUBLIC;

@@ -174,3 +174,9 @@ SELECT id FROM upd;
 
 -- name: listen
 LISTEN taskq_jobs; LISTEN taskq_cancel; LISTEN taskq_queues; LISTEN taskq_settle;
+
+-- name: listener_probe
+-- The LISTEN connection's check of itself, every few seconds (taskq.worker.listener): is the server still
+-- a primary (a standby delivers no NOTIFY of the primary's commits), and is this session still listening
+-- on every channel.
+SELECT pg_is_in_recovery() AS in_recovery, ARRAY(SELECT pg_listening_channels()) AS channels;

@@ -26,7 +26,7 @@ from taskq.settings import WorkerSettings
 from taskq.supervisor import proctitle
 from taskq.supervisor.metrics_http import MetricsHelper, mark_worker_dead
 from taskq.supervisor.reclaim import Reclaimer
-from taskq.supervisor.restart import RestartPolicy
+from taskq.supervisor.restart import OUTAGE_EXIT_CODES, RestartPolicy
 from taskq.supervisor.sdnotify import Notifier, watchdog_interval
 from taskq.supervisor.spawn import HANDLED_SIGNALS, child_hygiene, exit_child, run_worker_child
 from taskq.supervisor.web_child import WebChild
@@ -305,6 +305,8 @@ class Supervisor:
                 self._close_pipe(wp)
                 return
             wp.feed(data, now)
+            if wp.state == "ready":
+                self.policy.worker_ready()
 
     def _close_pipe(self, wp: WorkerProc) -> None:
         if wp.fd is None:
@@ -471,7 +473,11 @@ class Supervisor:
         if replace:
             self.next_spawn_at = max(self.next_spawn_at, now + delay)
             WORKER_RESTARTS.inc()
-            log.info("replacing worker %d in %.2fs", wp.number, delay)
+            if code in OUTAGE_EXIT_CODES:
+                log.warning("worker %d ended because the database is out of reach (exit code %d): replacing it "
+                            "in %.2fs, not counted as a crash", wp.number, code, delay)
+            else:
+                log.info("replacing worker %d in %.2fs", wp.number, delay)
 
     # -- capacity -----------------------------------------------------------------------------------
 

@@ -7,6 +7,12 @@
 - Ordinary deaths are replaced after an exponential backoff; `crash_limit` deaths within
   `crash_window` seconds stop the supervisor with CRASH_LOOP.
 - A worker that restarted itself on purpose (LEAKED_THREADS) is replaced at once and not counted.
+- A worker that ended because the database was out of reach (LEASES_LOST: it self-fenced; or
+  DATABASE_UNAVAILABLE once the supervisor has been ready) is an outage, not a crash: it is not counted,
+  and it is replaced after a backoff that doubles per outage death up to OUTAGE_BACKOFF_MAX and starts
+  over once a worker is ready again. A failover with no primary for longer than `lock_timeout` (every
+  worker self-fences, their replacements find no primary for a while) is waited out, not turned into a
+  crash loop that would stop the supervisor.
 """
 
 from __future__ import annotations
@@ -25,6 +31,10 @@ CONFIG_EXIT_CODES = frozenset({
 })
 BOOT_EXIT_CODES = CONFIG_EXIT_CODES | {ExitCode.DATABASE_UNAVAILABLE}
 SELF_RESTART_EXIT_CODES = frozenset({ExitCode.LEAKED_THREADS})
+OUTAGE_EXIT_CODES = frozenset({ExitCode.LEASES_LOST, ExitCode.DATABASE_UNAVAILABLE})
+OUTAGE_BACKOFF_MAX = 5.0
+"""Seconds: the longest wait before replacing a worker the database's absence ended, so that the fleet is
+back within this of the database."""
 
 
 @dataclass
@@ -34,6 +44,12 @@ class RestartPolicy:
     backoff: float = 0.5
     backoff_max: float = 30.0
     deaths: deque[float] = field(default_factory=deque)
+    outages: int = 0
+    """Outage deaths since a worker was last ready."""
+
+    def worker_ready(self) -> None:
+        """A worker is ready: the database is there; the next outage backs off from the start."""
+        self.outages = 0
 
     def is_boot_failure(self, code: int, *, ever_ready: bool, supervisor_was_ready: bool) -> bool:
         """A death that restarting cannot fix (see the module docstring)."""
@@ -46,6 +62,9 @@ class RestartPolicy:
         the crash limit is reached (stop the supervisor)."""
         if code in SELF_RESTART_EXIT_CODES:
             return 0.0
+        if code in OUTAGE_EXIT_CODES:
+            self.outages += 1
+            return min(OUTAGE_BACKOFF_MAX, self.backoff * 2.0 ** min(self.outages - 1, 16))
         self.deaths.append(now)
         while self.deaths and self.deaths[0] <= now - self.crash_window:
             self.deaths.popleft()

@@ -86,6 +86,7 @@ MAPPED: dict[tuple[str, str], tuple[str, str]] = {
     ("collections.abc", "AsyncIterable"): ("collections.abc", "Iterable"),
     ("collections.abc", "AsyncGenerator"): ("collections.abc", "Generator"),
     ("asyncio", "sleep"): ("time", "sleep"),
+    ("taskq.backend._conn", "ReadWritePool"): ("taskq.backend.sync_pool", "LazyConnectionPool"),
 }
 UNWRAPPED = {("collections.abc", "Awaitable"), ("typing", "Awaitable")}
 METHODS = {"__aenter__": "__enter__", "__aexit__": "__exit__", "aclose": "close"}

@@ -3,16 +3,21 @@ from a failed statement. Shared by the async and the sync backend and by the sup
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any
 from uuid import UUID
 
 import psycopg
+from psycopg import AsyncConnection, Connection
 from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from taskq.dsn import redact_dsn
 from taskq.exceptions import DatabaseUnavailable
+
+log = logging.getLogger("taskq.client")
 
 JOBS_CHANNEL = "taskq_jobs"
 
@@ -43,15 +48,45 @@ def uuid7_many(n: int) -> list[UUID]:
 
 
 def connect_error(dsn: str, exc: BaseException) -> DatabaseUnavailable:
-    """A DatabaseUnavailable naming the server (never the password) and PostgreSQL's first line."""
+    """A DatabaseUnavailable naming the server (never the password) and PostgreSQL's first line (with
+    several hosts, each host's), with what to do when the cause is a known misconfiguration."""
+    text = str(exc).strip()
+    lines = text.splitlines()
+    detail = lines[0] if lines else type(exc).__name__
+    per_host = [line.strip()[2:] for line in lines if line.strip().startswith("- host:")]
+    if per_host:  # libpq tried every host of a multi-host DSN
+        detail = "every host failed: " + "; ".join(per_host)
+    return DatabaseUnavailable(f"cannot connect to PostgreSQL at {redact_dsn(dsn)}: {detail}{_hint(text)}")
+
+
+def _hint(text: str) -> str:
+    if "unsupported startup parameter" in text:
+        return (" (this looks like a transaction pooler, such as PgBouncer, which refuses the worker's startup "
+                "options: set transaction_pooler (TASKQ_TRANSACTION_POOLER=1) and give listen_dsn a direct DSN)")
+    if "read-only" in text or "hot standby" in text:
+        return (" (no host of the DSN takes writes: taskq needs the primary; with several hosts, "
+                "target_session_attrs=read-write picks it, and a failover in progress ends once one is promoted)")
+    return ""
+
+
+def outage_error(dsn: str, exc: BaseException) -> DatabaseUnavailable:
+    """The DatabaseUnavailable for an error `is_connection_lost` accepts: what happened, and where."""
     detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return DatabaseUnavailable(f"cannot connect to PostgreSQL at {redact_dsn(dsn)}: {detail}")
+    if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+        return DatabaseUnavailable(
+            f"PostgreSQL at {redact_dsn(dsn)} is read-only (a standby, or a primary being demoted): {detail}; "
+            "nothing was written. With several hosts in the DSN, add target_session_attrs=read-write")
+    return DatabaseUnavailable(f"lost the connection to PostgreSQL at {redact_dsn(dsn)}: {detail}")
 
 
 def is_connection_lost(exc: BaseException) -> bool:
     """The error says the server is out of reach, not that the statement failed: the connection broke
     or no pooled connection came (no SQLSTATE), a connection exception (class 08), the server shutting
-    down or starting up (57P01-57P05), or no connection slot left (53300)."""
+    down or starting up (57P01-57P05), or no connection slot left (53300); or the server cannot take
+    writes (25006 read_only_sql_transaction: a standby, or a primary being demoted), which wrote nothing
+    and is as good as gone for a queue (the pool discards the connection: `discard_read_only`)."""
+    if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+        return True
     if not isinstance(exc, psycopg.OperationalError):
         return False
     state = exc.sqlstate
@@ -67,10 +102,15 @@ to tell the worker's own writes from anyone else's. Transaction poolers (PgBounc
 to whichever server connection runs the transaction, where they refuse a startup `options` setting."""
 
 
+LISTENER_APPLICATION_NAME = "taskq-listener "
+"""A worker's LISTEN connection carries `application_name` = this prefix + the worker's id: `taskq doctor` and
+the failover drill count the workers listening on a server by it."""
+
+
 def connection_kwargs(dsn: str, *, worker_id: str | None, transaction_pooler: bool) -> dict[str, Any]:
     """psycopg connect arguments beyond the DSN: the worker's identity, and no prepared statements
     through a transaction pooler (the next transaction may run on a server connection that lacks them)."""
-    kwargs: dict[str, Any] = {"autocommit": True}
+    kwargs: dict[str, Any] = {"autocommit": True, **keepalive_kwargs(dsn)}
     if transaction_pooler:
         kwargs["prepare_threshold"] = None
     if worker_id is not None:
@@ -81,6 +121,64 @@ def connection_kwargs(dsn: str, *, worker_id: str | None, transaction_pooler: bo
             extra = f"-c taskq.worker_id={_escape_option(worker_id)}"
             kwargs["options"] = f"{given} {extra}" if given else extra
     return kwargs
+
+
+def read_only_reason(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> str | None:
+    """Why the server at the other end of `conn` cannot take writes, as it last reported (no round trip:
+    PostgreSQL 14 and later report both settings whenever they change), or None: in_hot_standby (a standby,
+    or a primary that was demoted) or default_transaction_read_only (a primary told to refuse writes)."""
+    if conn.closed:
+        return None
+    info = conn.info
+    if info.parameter_status("in_hot_standby") == "on":
+        return "it is a standby (in_hot_standby = on)"
+    if info.parameter_status("default_transaction_read_only") == "on":
+        return "it refuses writes (default_transaction_read_only = on)"
+    return None
+
+
+class ReadWritePool(AsyncConnectionPool[AsyncConnection[Any]]):
+    """A pool that never serves a connection whose server cannot take writes: one returned read-only is
+    closed (the pool opens another, which `target_session_attrs=read-write` sends to the primary). Each
+    write on it would otherwise fail with SQLSTATE 25006 for as long as the connection lived. The check
+    reads what the server last reported, so it costs no round trip."""
+
+    async def putconn(self, conn: AsyncConnection[Any]) -> None:
+        reason = read_only_reason(conn)
+        if reason is not None:
+            log.warning("discarding a pooled connection: %s", reason)
+            await conn.close()
+        await super().putconn(conn)
+
+
+class ReadWritePoolSync(ConnectionPool[Connection[Any]]):
+    """ReadWritePool for the sync client."""
+
+    def putconn(self, conn: Connection[Any]) -> None:
+        reason = read_only_reason(conn)
+        if reason is not None:
+            log.warning("discarding a pooled connection: %s", reason)
+            conn.close()
+        super().putconn(conn)
+
+
+TCP_KEEPALIVES: dict[str, int] = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 3,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 15_000,
+}
+"""libpq's TCP settings on every taskq connection unless the DSN sets them: an idle connection whose peer
+vanished (a partition, a host that died without a reset) is declared dead after about 19 s (10 s idle, then
+3 probes 3 s apart) instead of the kernel's two hours, and one whose sent data goes unacknowledged for 15 s
+fails then. Ignored on Unix sockets."""
+
+
+def keepalive_kwargs(dsn: str) -> dict[str, Any]:
+    """TCP_KEEPALIVES, less whatever `dsn` sets itself."""
+    given = conninfo_to_dict(dsn)
+    return {k: v for k, v in TCP_KEEPALIVES.items() if k not in given}
 
 
 def _escape_option(value: str) -> str:

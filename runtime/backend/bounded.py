@@ -23,17 +23,16 @@ import psycopg
 from psycopg import AsyncConnection, errors
 from psycopg import sql as pgsql
 from psycopg.pq import TransactionStatus
-from psycopg_pool import AsyncConnectionPool
 
 from taskq import sql
-from taskq.backend._conn import connect_error, connection_kwargs
+from taskq.backend._conn import ReadWritePool, connect_error, connection_kwargs, keepalive_kwargs
 from taskq.backend.core import Backend, check_schema
 from taskq.exceptions import StatementTimeout
 
 __all__ = ["BoundedPool", "open_bounded"]
 
 
-class BoundedPool(AsyncConnectionPool[AsyncConnection[Any]]):
+class BoundedPool(ReadWritePool):
     """An autocommit pool whose connections are handed out inside a transaction bounded in time."""
 
     def __init__(self, dsn: str, *, statement_ms: int, idle_ms: int, **options: Any) -> None:
@@ -81,7 +80,8 @@ async def open_bounded(
 ) -> Backend:
     """`Backend.open` with a BoundedPool of 1..`max_size` connections (timeouts in seconds, > 0)."""
     try:
-        probe = await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=int(max(2, timeout)))
+        probe = await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=int(max(2, timeout)),
+                                                      **keepalive_kwargs(dsn))
     except psycopg.OperationalError as exc:
         raise connect_error(dsn, exc) from None
     try:

@@ -23,7 +23,15 @@ from psycopg_pool import AsyncConnectionPool
 
 from taskq import sql
 from taskq.backend import unique
-from taskq.backend._conn import connect_error, connection_kwargs, is_connection_lost, uuid7
+from taskq.backend._conn import (
+    ReadWritePool,
+    connect_error,
+    connection_kwargs,
+    is_connection_lost,
+    outage_error,
+    read_only_reason,
+    uuid7,
+)
 from taskq.backend.caller import caller_cursor, check_caller_connection, schema_needed
 from taskq.backend.dependencies import revive_dependents
 from taskq.backend.notify import EnqueueNotifier
@@ -66,13 +74,10 @@ def reports_outage(method: _Method) -> _Method:
     async def wrapper(self: Backend, *args: Any, **kwargs: Any) -> Any:
         try:
             return await method(self, *args, **kwargs)
-        except psycopg.OperationalError as exc:
+        except psycopg.Error as exc:
             if not is_connection_lost(exc):
                 raise
-            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise DatabaseUnavailable(
-                f"lost the connection to PostgreSQL at {redact_dsn(self.dsn)}: {detail}"
-            ) from exc
+            raise outage_error(self.dsn, exc) from exc
 
     return cast(_Method, wrapper)
 
@@ -135,21 +140,28 @@ class Backend:
 
         `worker_id` names a worker's connections (see WORKER_APPLICATION_NAME), at connect time, with no
         extra round trip. `transaction_pooler`: `dsn` goes through PgBouncer in transaction mode, or the like."""
+        options = connection_kwargs(dsn, worker_id=worker_id, transaction_pooler=transaction_pooler)
         try:
-            probe = await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=int(max(1, timeout)))
+            # with the pool's own options, so that a server refusing them says so here, once
+            probe = await psycopg.AsyncConnection.connect(dsn, connect_timeout=int(max(1, timeout)), **options)
         except psycopg.OperationalError as exc:
             raise connect_error(dsn, exc) from None
         try:
+            read_only = read_only_reason(probe)
+            if worker_id is not None and read_only is not None:  # a worker only writes: say why it cannot
+                raise DatabaseUnavailable(
+                    f"PostgreSQL at {redact_dsn(dsn)} cannot take writes: {read_only}; a worker needs the primary "
+                    "(with several hosts in the DSN, add target_session_attrs=read-write)")
             if check:
                 await check_schema(probe)
             database = probe.info.dbname
         finally:
             await probe.close()
-        pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
+        pool: AsyncConnectionPool[AsyncConnection[Any]] = ReadWritePool(
             dsn,
             min_size=min_size,
             max_size=max_size,
-            kwargs=connection_kwargs(dsn, worker_id=worker_id, transaction_pooler=transaction_pooler),
+            kwargs=options,
             open=False,
             name="taskq",
             timeout=timeout,

@@ -26,7 +26,14 @@ from psycopg.rows import dict_row
 
 from taskq import sql
 from taskq.backend import unique_sync
-from taskq.backend._conn import connect_error, connection_kwargs, is_connection_lost, uuid7
+from taskq.backend._conn import (
+    connect_error,
+    connection_kwargs,
+    is_connection_lost,
+    outage_error,
+    read_only_reason,
+    uuid7,
+)
 from taskq.backend.caller_sync import caller_cursor, check_caller_connection, schema_needed
 from taskq.backend.dependencies_sync import revive_dependents
 from taskq.backend.params import (
@@ -64,11 +71,10 @@ def reports_outage(method: _Method) -> _Method:
     def wrapper(self: SyncBackend, *args: Any, **kwargs: Any) -> Any:
         try:
             return method(self, *args, **kwargs)
-        except psycopg.OperationalError as exc:
+        except psycopg.Error as exc:
             if not is_connection_lost(exc):
                 raise
-            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise DatabaseUnavailable(f"lost the connection to PostgreSQL at {redact_dsn(self.dsn)}: {detail}") from exc
+            raise outage_error(self.dsn, exc) from exc
 
     return cast(_Method, wrapper)
 
@@ -139,11 +145,18 @@ class SyncBackend:
 
         `worker_id` names a worker's connections (see WORKER_APPLICATION_NAME), at connect time, with no
         extra round trip. `transaction_pooler`: `dsn` goes through PgBouncer in transaction mode, or the like."""
+        options = connection_kwargs(dsn, worker_id=worker_id, transaction_pooler=transaction_pooler)
         try:
-            probe = psycopg.Connection.connect(dsn, autocommit=True, connect_timeout=int(max(1, timeout)))
+            # with the pool's own options, so that a server refusing them says so here, once
+            probe = psycopg.Connection.connect(dsn, connect_timeout=int(max(1, timeout)), **options)
         except psycopg.OperationalError as exc:
             raise connect_error(dsn, exc) from None
         try:
+            read_only = read_only_reason(probe)
+            if worker_id is not None and read_only is not None:  # a worker only writes: say why it cannot
+                raise DatabaseUnavailable(
+                    f"PostgreSQL at {redact_dsn(dsn)} cannot take writes: {read_only}; a worker needs the primary (with several hosts in the DSN, add target_session_attrs=read-write)"
+                )
             if check:
                 check_schema(probe)
             database = probe.info.dbname
@@ -153,7 +166,7 @@ class SyncBackend:
             dsn,
             min_size=min_size,
             max_size=max_size,
-            kwargs=connection_kwargs(dsn, worker_id=worker_id, transaction_pooler=transaction_pooler),
+            kwargs=options,
             open=False,
             name="taskq",
             timeout=timeout,

@@ -73,8 +73,9 @@ class SentSignal:
     """The job was waiting for this signal's name and is due now."""
 
 
-def _fence(job_id: UUID, attempt: int, claim_epoch: int) -> dict[str, Any]:
-    return {"job_id": job_id, "attempt": attempt, "claim_epoch": claim_epoch}
+def _fence(job_id: UUID, attempt: int, claim_epoch: int, worker_id: str) -> dict[str, Any]:
+    """The fence of a durable write: the attempt that holds the job, and its holder (sql/jobs.sql's header)."""
+    return {"job_id": job_id, "attempt": attempt, "claim_epoch": claim_epoch, "worker_id": worker_id}
 
 
 async def load_steps(conn: AsyncConnection[Any], job_id: UUID) -> list[StoredStep]:
@@ -90,8 +91,8 @@ async def save_step(conn: AsyncConnection[Any], job_id: UUID, attempt: int, clai
     database's now, inf for none, or `wake_at`). Returns (held, wake_at stored, due): held False means the
     attempt no longer holds the job and nothing was written."""
     cur = await conn.execute(sql.query("step_save"), {
-        **_fence(job_id, attempt, claim_epoch), "kind": kind, "name": name, "result": result_json,
-        "delay": delay, "wake_at": wake_at, "worker_id": worker_id,
+        **_fence(job_id, attempt, claim_epoch, worker_id), "kind": kind, "name": name, "result": result_json,
+        "delay": delay, "wake_at": wake_at,
     })
     row = await cur.fetchone()
     assert row is not None
@@ -100,9 +101,9 @@ async def save_step(conn: AsyncConnection[Any], job_id: UUID, attempt: int, clai
 
 
 async def take_signal(conn: AsyncConnection[Any], job_id: UUID, attempt: int, claim_epoch: int, *, name: str,
-                      wait: str) -> TakenSignal:
-    cur = await conn.execute(sql.query("signal_take"), {**_fence(job_id, attempt, claim_epoch), "name": name,
-                                                         "wait": wait})
+                      wait: str, worker_id: str) -> TakenSignal:
+    cur = await conn.execute(sql.query("signal_take"), {**_fence(job_id, attempt, claim_epoch, worker_id),
+                                                         "name": name, "wait": wait})
     row = await cur.fetchone()
     assert row is not None
     held, signal_id, payload = row
@@ -110,9 +111,10 @@ async def take_signal(conn: AsyncConnection[Any], job_id: UUID, attempt: int, cl
 
 
 async def signal_timeout(conn: AsyncConnection[Any], job_id: UUID, attempt: int, claim_epoch: int, *,
-                         wait: str) -> bool:
+                         wait: str, worker_id: str) -> bool:
     """Remember that wait `wait` timed out; False when the attempt no longer holds the job."""
-    cur = await conn.execute(sql.query("signal_timeout"), {**_fence(job_id, attempt, claim_epoch), "wait": wait})
+    cur = await conn.execute(sql.query("signal_timeout"), {**_fence(job_id, attempt, claim_epoch, worker_id),
+                                                           "wait": wait})
     row = await cur.fetchone()
     return bool(row and row[0])
 
@@ -139,10 +141,10 @@ async def list_signals(conn: AsyncConnection[Any], job_id: UUID) -> list[SignalR
     return [SignalRow(*r) for r in await cur.fetchall()]
 
 
-async def tx_fence(conn: AsyncConnection[Any], job_id: UUID, attempt: int, claim_epoch: int) -> bool:
+async def tx_fence(conn: AsyncConnection[Any], job_id: UUID, attempt: int, claim_epoch: int, worker_id: str) -> bool:
     """Inside a `ctx.transaction()`: lock the job's row if this attempt still holds it (False: it does not)."""
     cur = await conn.execute(sql.query("job_tx_fence"), {"id": job_id, "attempt": attempt,
-                                                         "claim_epoch": claim_epoch})
+                                                         "claim_epoch": claim_epoch, "worker_id": worker_id})
     return await cur.fetchone() is not None
 
 

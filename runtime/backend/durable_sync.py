@@ -43,13 +43,12 @@ def save_step(
     cur = conn.execute(
         sql.query("step_save"),
         {
-            **_fence(job_id, attempt, claim_epoch),
+            **_fence(job_id, attempt, claim_epoch, worker_id),
             "kind": kind,
             "name": name,
             "result": result_json,
             "delay": delay,
             "wake_at": wake_at,
-            "worker_id": worker_id,
         },
     )
     row = cur.fetchone()
@@ -59,18 +58,22 @@ def save_step(
 
 
 def take_signal(
-    conn: Connection[Any], job_id: UUID, attempt: int, claim_epoch: int, *, name: str, wait: str
+    conn: Connection[Any], job_id: UUID, attempt: int, claim_epoch: int, *, name: str, wait: str, worker_id: str
 ) -> TakenSignal:
-    cur = conn.execute(sql.query("signal_take"), {**_fence(job_id, attempt, claim_epoch), "name": name, "wait": wait})
+    cur = conn.execute(
+        sql.query("signal_take"), {**_fence(job_id, attempt, claim_epoch, worker_id), "name": name, "wait": wait}
+    )
     row = cur.fetchone()
     assert row is not None
     held, signal_id, payload = row
     return TakenSignal(bool(held), signal_id, payload)
 
 
-def signal_timeout(conn: Connection[Any], job_id: UUID, attempt: int, claim_epoch: int, *, wait: str) -> bool:
+def signal_timeout(
+    conn: Connection[Any], job_id: UUID, attempt: int, claim_epoch: int, *, wait: str, worker_id: str
+) -> bool:
     """Remember that wait `wait` timed out; False when the attempt no longer holds the job."""
-    cur = conn.execute(sql.query("signal_timeout"), {**_fence(job_id, attempt, claim_epoch), "wait": wait})
+    cur = conn.execute(sql.query("signal_timeout"), {**_fence(job_id, attempt, claim_epoch, worker_id), "wait": wait})
     row = cur.fetchone()
     return bool(row and row[0])
 
@@ -98,9 +101,12 @@ def list_signals(conn: Connection[Any], job_id: UUID) -> list[SignalRow]:
     return [SignalRow(*r) for r in cur.fetchall()]
 
 
-def tx_fence(conn: Connection[Any], job_id: UUID, attempt: int, claim_epoch: int) -> bool:
+def tx_fence(conn: Connection[Any], job_id: UUID, attempt: int, claim_epoch: int, worker_id: str) -> bool:
     """Inside a `ctx.transaction()`: lock the job's row if this attempt still holds it (False: it does not)."""
-    cur = conn.execute(sql.query("job_tx_fence"), {"id": job_id, "attempt": attempt, "claim_epoch": claim_epoch})
+    cur = conn.execute(
+        sql.query("job_tx_fence"),
+        {"id": job_id, "attempt": attempt, "claim_epoch": claim_epoch, "worker_id": worker_id},
+    )
     return cur.fetchone() is not None
 
 

@@ -42,9 +42,11 @@ import time
 from typing import Any
 
 from psycopg import AsyncConnection
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool
 
 from taskq import sql
+from taskq.backend._conn import LISTENER_APPLICATION_NAME, keepalive_kwargs
 
 log = logging.getLogger("taskq.client")
 
@@ -217,13 +219,44 @@ class EnqueueNotifier:
                     await asyncio.wait_for(task, timeout)
 
 
-async def open_listener(dsn: str) -> AsyncConnection[Any]:
-    """A dedicated autocommit connection that LISTENs on every taskq channel (the worker's listener, which
-    reads `notifies()` from it and closes it)."""
-    conn = await AsyncConnection.connect(dsn, autocommit=True)
+LISTEN_CHANNELS = frozenset({"taskq_jobs", "taskq_cancel", "taskq_queues", "taskq_settle"})
+"""The channels the `listen` statement subscribes to."""
+
+
+class ListenerUnfit(Exception):
+    """The LISTEN connection cannot deliver every notification: its server is a standby, or the session
+    stopped listening. The listener reconnects."""
+
+
+async def open_listener(dsn: str, *, connect_timeout: float = 10.0, worker_id: str | None = None
+                        ) -> AsyncConnection[Any]:
+    """A dedicated autocommit connection, with TCP keepalives and a user timeout (TCP_KEEPALIVES), that
+    LISTENs on every taskq channel, on a primary (ListenerUnfit on a standby: LISTEN there would hear
+    nothing), named after `worker_id` (LISTENER_APPLICATION_NAME). The worker's listener reads `notifies()` from it, probes it (`probe_listener`) and closes it."""
+    options: dict[str, Any] = keepalive_kwargs(dsn)
+    if worker_id is not None:
+        options["application_name"] = LISTENER_APPLICATION_NAME + worker_id
+    if "connect_timeout" not in conninfo_to_dict(dsn):  # libpq's, per host tried
+        options["connect_timeout"] = max(2, round(connect_timeout))
+    conn = await AsyncConnection.connect(dsn, autocommit=True, **options)
     try:
+        await probe_listener(conn, listening=False)
         await conn.execute(sql.query("listen"))
     except BaseException:
         await conn.close()
         raise
     return conn
+
+
+async def probe_listener(conn: AsyncConnection[Any], *, listening: bool = True) -> None:
+    """Raise ListenerUnfit when `conn`'s server is in recovery or (`listening`) the session does not listen
+    on every taskq channel; a psycopg error when the connection is broken."""
+    cur = await conn.execute(sql.query("listener_probe"))
+    row = await cur.fetchone()
+    assert row is not None
+    in_recovery, channels = row
+    if in_recovery:
+        raise ListenerUnfit("the server is a standby (pg_is_in_recovery): no NOTIFY of the primary's commits "
+                            "reaches it")
+    if listening and not LISTEN_CHANNELS <= set(channels):
+        raise ListenerUnfit(f"the session listens on {sorted(channels)}, not on every taskq channel")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import psycopg
 
 from taskq import sql
-from taskq.backend._conn import connect_error
+from taskq.backend._conn import connect_error, keepalive_kwargs
 from taskq.backend.workers import reclaim_params
 
 CONNECT_TIMEOUT = 3
@@ -23,7 +23,7 @@ STATEMENT_TIMEOUT_MS = 5000
 
 def _connect(dsn: str, *, autocommit: bool) -> psycopg.Connection[tuple[object, ...]]:
     try:
-        return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT)
+        return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT, **keepalive_kwargs(dsn))
     except psycopg.Error as exc:
         raise connect_error(dsn, exc) from None
 

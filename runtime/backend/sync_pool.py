@@ -24,6 +24,7 @@ from psycopg import Connection
 from psycopg_pool import ConnectionPool, PoolClosed
 
 from taskq import sql
+from taskq.backend._conn import ReadWritePoolSync
 from taskq.backend.notify import NOTIFY_WINDOW, NotifyPacing
 
 CT = TypeVar("CT", bound=Connection[Any])
@@ -72,7 +73,7 @@ class LazyConnectionPool(Generic[CT]):
                 _inherited.append(self._pool)
                 self._pool = None
             if self._pool is None:
-                fresh: ConnectionPool[Any] = ConnectionPool(self._conninfo, open=False, **self._kwargs)
+                fresh: ConnectionPool[Any] = ReadWritePoolSync(self._conninfo, open=False, **self._kwargs)
                 fresh.open(wait=True, timeout=self._open_timeout)
                 self._pool, self._pid = fresh, pid
             return self._pool

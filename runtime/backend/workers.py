@@ -1,7 +1,13 @@
 """Worker-side SQL: claim, heartbeat, batched finish/release writes, progress, sweeps.
 
 Like `taskq.backend`, this module only runs named queries from `taskq.sql`; every write to a claimed
-row is fenced on (id, status='running', attempt, claim_epoch).
+row is fenced on (id, status='running', attempt, claim_epoch, worker_id).
+
+LOCK ORDER. Every statement that locks several job rows and waits for them takes them in id order, so that
+two of them wait for each other instead of deadlocking: the bulk cancel and requeue, the workflow cancel
+and the dependency cascade sort in SQL (`ORDER BY id ... FOR UPDATE`); the batched finish, the release and
+the reconcile lock their rows in the order of the arrays they are sent, which this module sorts. The claim,
+the sweeper and the pruner skip locked rows (SKIP LOCKED) and never wait.
 """
 
 from __future__ import annotations
@@ -265,7 +271,8 @@ class WorkerStore:
         cur = await conn.execute(
             sql.query("heartbeat_reconcile"),
             {"worker_id": self.worker_id, "lock_timeout": lock_timeout,
-             "ids": [h[0] for h in held], "epochs": [h[1] for h in held]},
+             # in id order, as every statement that locks several job rows (LOCK ORDER, module docstring)
+             "ids": [h[0] for h in sorted(held)], "epochs": [h[1] for h in sorted(held)]},
             prepare=False,
         )
         return {job_id: HeldRow(epoch, phase) for job_id, epoch, phase in await cur.fetchall()}
@@ -286,6 +293,8 @@ class WorkerStore:
 
     async def finish_batch_in(self, conn: AsyncConnection[Any], items: Sequence[Finish]) -> dict[UUID, str]:
         """finish_batch on `conn`, in whatever transaction it has open (ctx.transaction())."""
+        if len(items) > 1:  # rows are locked in the array's order: id order (LOCK ORDER, module docstring)
+            items = sorted(items, key=lambda f: f.job_id)
         params = {
             "worker_id": self.worker_id,
             "ids": [f.job_id for f in items],
@@ -311,12 +320,15 @@ class WorkerStore:
         be forced, so it ends crashed instead. Returns id -> new status for rows whose fence held."""
         if not held:
             return {}
+        flags = list(unsafe) if unsafe is not None else [False] * len(held)
+        order = sorted(range(len(held)), key=lambda i: held[i][0])  # id order (LOCK ORDER, module docstring)
+        held, unsafe = [held[i] for i in order], [flags[i] for i in order]
         async with self.pool.connection() as conn:
             cur = await conn.execute(
                 sql.query("job_release_batch"),
                 {"worker_id": self.worker_id, "ids": [h[0] for h in held],
                  "attempts": [h[1] for h in held], "epochs": [h[2] for h in held],
-                 "unsafe": list(unsafe) if unsafe is not None else [False] * len(held)},
+                 "unsafe": unsafe},
             )
             return {row[0]: row[1] for row in await cur.fetchall()}
 
@@ -324,14 +336,16 @@ class WorkerStore:
         """Record on the row (fenced) that its actor is not idempotent; False if the attempt lost the row."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(sql.query("job_mark_not_idempotent"),
-                                     {"id": job.id, "attempt": job.attempt, "epoch": job.claim_epoch})
+                                     {"id": job.id, "attempt": job.attempt, "epoch": job.claim_epoch,
+                                      "worker_id": self.worker_id})
             return (await cur.fetchone()) is not None
 
     async def save_progress(self, job_id: UUID, attempt: int, epoch: int, progress_json: str) -> bool:
         async with self.pool.connection() as conn:
             cur = await conn.execute(
                 sql.query("job_progress"),
-                {"id": job_id, "attempt": attempt, "epoch": epoch, "progress": progress_json},
+                {"id": job_id, "attempt": attempt, "epoch": epoch, "progress": progress_json,
+                 "worker_id": self.worker_id},
             )
             return (await cur.fetchone()) is not None
 

@@ -133,6 +133,17 @@ class Consumers:
         return self._loop
 
     def spawn(self, job: ClaimedJob) -> None:
+        running = self._registry.get(job.id)
+        if (running is not None and running.job.attempt == job.attempt and running.job.claim_epoch == job.claim_epoch
+                and running.task is not None and not running.task.done()):
+            # The database handed this worker a claim it already runs, with the same attempt and epoch: the
+            # earlier claim's commit was lost (a failover to a standby that had not received it) and the
+            # job was claimed again, by us. The attempt in progress is this claim's execution: running it
+            # a second time would repeat its effects, and its writes pass the new claim's fence.
+            log.warning("job %s attempt %d (claim epoch %d) was claimed again while it runs here: the earlier "
+                        "claim was lost by the database (a failover?); the run in progress keeps the claim",
+                        job.id, job.attempt, job.claim_epoch)
+            return
         entry = ActiveJob(job=job)
         self._registry.add(entry)
         task = self.loop.create_task(self._consume(entry))
@@ -511,19 +522,20 @@ class Consumers:
     async def take_signal(self, ctx: JobContext[Any], name: str, wait: str) -> TakenSignal:
         async with self._backend.pool.connection() as conn:
             taken = await durable_store.take_signal(conn, ctx.job_id, ctx.attempt, ctx.claim_epoch,
-                                                    name=name, wait=wait)
+                                                    name=name, wait=wait, worker_id=self._store.worker_id)
         if not taken.held:
             self._lost(ctx, f"signal {name!r} not taken")
         return taken
 
     async def signal_timeout(self, ctx: JobContext[Any], wait: str) -> None:
         async with self._backend.pool.connection() as conn:
-            held = await durable_store.signal_timeout(conn, ctx.job_id, ctx.attempt, ctx.claim_epoch, wait=wait)
+            held = await durable_store.signal_timeout(conn, ctx.job_id, ctx.attempt, ctx.claim_epoch, wait=wait,
+                                                      worker_id=self._store.worker_id)
         if not held:
             self._lost(ctx, f"the timeout of wait {wait!r} not stored")
 
     def transaction(self, ctx: JobContext[Any]) -> AbstractAsyncContextManager[AsyncConnection[Any]]:
-        return job_tx.JobTransaction(ctx, self._backend.pool, lost=self._lost)
+        return job_tx.JobTransaction(ctx, self._backend.pool, self._store.worker_id, lost=self._lost)
 
     def _lost(self, ctx: JobContext[Any], what: str) -> NoReturn:
         """A fenced durable write was refused: this attempt no longer holds the job. Stop it as on a lost

@@ -190,7 +190,9 @@ class Worker:
             CANCEL_CHANNEL: cancel_route(self.worker_id, controller.on_notification),
             SETTLE_CHANNEL: wake_route(resolver.wake.set),
             QUEUES_CHANNEL: queue_route(s.queues, control.invalidate, wake.set, any_queue="*"),
-        }, on_connect=reconnected)
+        }, on_connect=reconnected, worker_id=self.worker_id)
+        if s.listens():
+            resolver.fallback = (listener.connected.is_set, s.poll_interval)
         return WorkerParts(
             backend=backend, store=store, completer=completer, control=control, pruner=Pruner(store, s),
             scheduler=Scheduler(ScheduleStore(backend), self.actors.schedules(),
@@ -445,6 +447,9 @@ class Worker:
         if consumers.tasks:
             await asyncio.wait(consumers.tasks, timeout=1.0)
         await self._final_step(p.completer.drain(), "final writes")
+        # releases asked for by consumers the teardown cancelled are still written (Releaser)
+        if not await p.releaser.settled(self.step_budget()):
+            log.warning("releases not written in time: left to the sweeper once their lease runs out")
         await self._final_step(p.store.deregister(), "deregistering the worker")
         await p.backend.close(timeout=self.step_budget() if self.db_in_doubt() else 5.0)
 

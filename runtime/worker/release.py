@@ -8,6 +8,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
+from uuid import UUID
 
 from taskq.exitcodes import ExitCode
 from taskq.metrics import STALE_WRITES
@@ -25,7 +26,16 @@ log = logging.getLogger("taskq.worker")
 class Releaser:
     """`budget()`: seconds one release may wait for the database now (short once it is in doubt). The
     outcome of each release lands in the state's summary; what could not be given back in its
-    `unreleased`."""
+    `unreleased`.
+
+    Releases are batched: a stop interrupts every held job at once, and each consumer that unwinds asks for
+    its own job's release. One writer task takes whatever has been asked for and writes it in one statement
+    (up to BATCH rows), then the next lot; a caller waits for its lot. The write belongs to the writer, not
+    to the caller: a consumer cancelled while it waits (the teardown of a worker whose task was cancelled)
+    does not take its job's release down with it."""
+
+    BATCH = 1000
+    """Rows per release statement."""
 
     def __init__(self, store: WorkerStore, state: WorkerState, hooks: Hooks, *,
                  budget: Callable[[], float]) -> None:
@@ -33,6 +43,8 @@ class Releaser:
         self._state = state
         self._hooks = hooks
         self._budget = budget
+        self._asked: list[tuple[ActiveJob, asyncio.Future[str | None]]] = []
+        self._writer: asyncio.Task[None] | None = None
 
     async def release(self, entries: Sequence[ActiveJob]) -> None:
         """Give interrupted attempts back to the fleet; a row an operator asked to cancel ends
@@ -41,20 +53,62 @@ class Releaser:
         todo = [e for e in entries if not (e.finishing and e.cancel_origin is CancelOrigin.LEASE_LOST)]
         if not todo:
             return
+        loop = asyncio.get_running_loop()
+        waits = []
         for e in todo:
             e.finishing = True
+            state.releasing.add(str(e.id))
+            fut: asyncio.Future[str | None] = loop.create_future()
+            self._asked.append((e, fut))
+            waits.append(fut)
+        if self._writer is None or self._writer.done():
+            self._writer = loop.create_task(self._write_asked(), name="taskq-release")
+        # shielded: the release is written whether or not this caller is still there to see it
+        outcomes = await asyncio.shield(asyncio.gather(*waits))
+        for e, status in zip(todo, outcomes, strict=True):
+            if status == "cancelled" and e.actor is not None and e.actor.on_cancel is not None:
+                await self._hooks.run(e.actor.on_cancel, e, e.actor.on_cancel_timeout, "on_cancel")
+
+    async def settled(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for every release asked for to be written (or given up)."""
+        writer = self._writer
+        if writer is None or writer.done():
+            return True
+        done, _ = await asyncio.wait({writer}, timeout=timeout)
+        return bool(done)
+
+    async def _write_asked(self) -> None:
+        await asyncio.sleep(0)  # the other consumers unwinding in this turn of the loop join the first lot
+        while self._asked:
+            lot, self._asked = self._asked[: self.BATCH], self._asked[self.BATCH :]
+            try:
+                outcome = await self._write([e for e, _ in lot])
+            except BaseException:
+                for _, fut in lot:
+                    if not fut.done():
+                        fut.set_result(None)
+                for _, fut in self._asked:  # the writer itself is cancelled: nothing more goes out
+                    if not fut.done():
+                        fut.set_result(None)
+                self._asked = []
+                raise
+            for e, fut in lot:
+                if not fut.done():
+                    fut.set_result(outcome.get(e.id) if outcome is not None else None)
+
+    async def _write(self, todo: list[ActiveJob]) -> dict[UUID, str] | None:
+        """One release statement; None when it failed (the rows stay held until their lease runs out)."""
+        state = self._state
         ids = [str(e.id) for e in todo]
-        state.releasing.update(ids)
         # bounded: with the database gone, the pool would wait its own timeout for a connection, past the
         # end of the stop, and a release still waiting when the stop ends is a job the summary would miss
-        budget = self._budget()
         try:
             outcome = await asyncio.wait_for(
                 self._store.release_batch([(e.id, e.attempt, e.claim_epoch) for e in todo],
                                           [e.effect_unknown for e in todo]),
-                budget,
+                self._budget(),
             )
-        except BaseException as exc:  # a cancelled release (the exit path) gave nothing back either
+        except BaseException as exc:
             # nothing more to try before the exit: the rows stay held until their lease runs out, then any
             # sweeper retries them (the attempt counts, as for a crash)
             state.unreleased += ids
@@ -63,7 +117,7 @@ class Releaser:
                       len(todo), str(exc) or type(exc).__name__)
             if not isinstance(exc, Exception):
                 raise
-            return
+            return None
         finally:
             state.releasing.difference_update(ids)
             if not state.releasing:
@@ -79,10 +133,9 @@ class Releaser:
                             "(WorkerShutdown) for review instead of being re-run", e.id, e.attempt)
             elif status == "cancelled":
                 state.summary["cancelled"].append(str(e.id))
-                if e.actor is not None and e.actor.on_cancel is not None:
-                    await self._hooks.run(e.actor.on_cancel, e, e.actor.on_cancel_timeout, "on_cancel")
             else:
                 state.summary["released"].append(str(e.id))
+        return outcome
 
     async def release_unstarted(self, jobs: Sequence[ClaimedJob]) -> None:
         """Rows claimed after the stop began: given back before any actor ran."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -34,10 +35,15 @@ class Resolver:
         self._store = store
         self._interval = interval
         self.wake = asyncio.Event()
+        self.fallback: tuple[Callable[[], bool], float] | None = None
+        """(listening, interval): while `listening()` is false (the LISTEN connection is down), poll every
+        `interval` instead, as a worker without LISTEN does."""
 
     async def run(self) -> None:
-        interval = self._interval
         while True:
+            interval = self._interval
+            if self.fallback is not None and not self.fallback[0]():
+                interval = min(interval, self.fallback[1])
             self.wake.clear()
             try:
                 await self.resolve_once()

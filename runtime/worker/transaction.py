@@ -42,10 +42,11 @@ log = logging.getLogger("taskq.worker")
 class JobTransaction:
     """The async context manager `ctx.transaction()` returns (one per attempt)."""
 
-    def __init__(self, ctx: JobContext[Any], pool: AsyncConnectionPool[Any], *,
+    def __init__(self, ctx: JobContext[Any], pool: AsyncConnectionPool[Any], worker_id: str, *,
                  lost: Callable[[JobContext[Any], str], Any]) -> None:
         self._ctx = ctx
         self._pool = pool
+        self._worker_id = worker_id
         self._lost = lost
 
     async def __aenter__(self) -> AsyncConnection[Any]:
@@ -73,7 +74,8 @@ class JobTransaction:
             return False
         assert ctx.transaction_open is not None
         try:
-            held = await durable_store.tx_fence(ctx.transaction_open.conn, ctx.job_id, ctx.attempt, ctx.claim_epoch)
+            held = await durable_store.tx_fence(ctx.transaction_open.conn, ctx.job_id, ctx.attempt, ctx.claim_epoch,
+                                                self._worker_id)
         except BaseException as error:
             await abandon(ctx, type(error), error, error.__traceback__)
             raise

@@ -82,3 +82,15 @@ def test_a_supervisor_and_its_workers_run_through_pgbouncer_and_reclaim_a_killed
     assert "unsupported startup parameter" not in sup.log()
     sup.signal(signal.SIGTERM)
     assert sup.wait(30) == 0
+
+
+def test_a_worker_pointed_at_a_transaction_pooler_without_the_setting_says_which_setting_to_turn_on(
+    pooled_dsn: str, spawn_worker: Any
+) -> None:
+    """PgBouncer refuses the worker's startup options (`FATAL: unsupported startup parameter: options`): the
+    worker exits at once with the database-unavailable code and a line naming the setting, not a stack."""
+    w = spawn_worker(dsn=pooled_dsn)
+    assert w.wait(30) == 3, w.log()
+    lines = [line for line in w.log().splitlines() if "transaction_pooler" in line]
+    assert lines and "TASKQ_TRANSACTION_POOLER=1" in lines[0], w.log()
+    assert "Traceback" not in w.log()

@@ -43,6 +43,22 @@ def test_a_worker_restarting_itself_for_leaked_threads_is_not_a_crash() -> None:
     assert not policy.deaths
 
 
+def test_workers_the_database_outage_ended_are_replaced_without_a_crash_loop() -> None:
+    """A failover with no primary for longer than lock_timeout: every worker self-fences (LEASES_LOST) and
+    their replacements find no primary for a while (DATABASE_UNAVAILABLE): waited out, never a crash loop."""
+    from taskq.supervisor.restart import OUTAGE_BACKOFF_MAX
+
+    policy = RestartPolicy(crash_limit=3, crash_window=60, backoff=0.5, backoff_max=30)
+    codes = [exitcodes.LEASES_LOST] * 3 + [exitcodes.DATABASE_UNAVAILABLE] * 20
+    delays = [policy.record_death(float(t), code) for t, code in enumerate(codes)]
+    assert None not in delays and not policy.deaths
+    assert delays[:4] == [0.5, 1.0, 2.0, 4.0] and max(delays) == OUTAGE_BACKOFF_MAX  # (under backoff_max)
+    policy.worker_ready()  # the database is back: the next outage starts from the first delay
+    assert policy.record_death(100.0, exitcodes.LEASES_LOST) == 0.5
+    # a crash still counts
+    assert policy.record_death(101.0, 1) is not None
+
+
 @pytest.mark.parametrize("code", [exitcodes.USAGE, exitcodes.SCHEMA, exitcodes.EMBEDDED_UNAVAILABLE,
                                   exitcodes.IMPORT_ERROR])
 def test_configuration_exit_codes_at_boot_are_fatal_always(code: int) -> None:
