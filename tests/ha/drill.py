@@ -237,6 +237,11 @@ class Prober:
             await asyncio.sleep(max(0.0, tick + PROBE_INTERVAL - time.time()))
         for task in self._pending.values():
             task.cancel()
+        await asyncio.gather(*self._pending.values(), return_exceptions=True)
+        for conn in self._conns.values():
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await conn.close()  # a socket close: no round trip to a server that may not answer
         await flusher
 
     def _record(self, task: asyncio.Task[tuple[float, str, bool, bool | None, bool]]) -> None:
@@ -262,7 +267,7 @@ class Prober:
             self._conns[name] = None
             if conn is not None:
                 with contextlib.suppress(Exception):
-                    conn.pgconn.finish()  # no goodbye to a server that may not answer
+                    await conn.close()  # a socket close: no round trip to a server that may not answer
             return tick, name, in_recovery is not None, in_recovery, False
 
     async def _flusher(self, stop: asyncio.Event) -> None:
@@ -282,11 +287,12 @@ async def count_listeners(dsn: str) -> tuple[int, int] | None:
     with contextlib.suppress(Exception):
         async with asyncio.timeout(3.0):
             async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                # one idle LISTEN session per worker: named `taskq-listener <worker id>`, or (older builds)
+                # known by its last statement, the LISTEN or the listener's probe of itself
                 cur = await conn.execute(
-                    # the listener's connection may not carry the worker's application_name: one
-                    # idle LISTEN session per worker
                     "SELECT inet_server_port(), count(*) FROM pg_stat_activity WHERE wait_event = 'ClientRead' "
-                    "AND query ILIKE 'LISTEN%' AND pid <> pg_backend_pid()")
+                    "AND pid <> pg_backend_pid() AND (application_name LIKE 'taskq-listener %' "
+                    "OR query ILIKE 'LISTEN%' OR query LIKE '%pg_listening_channels()%')")
                 row = await cur.fetchone()
                 if row is not None:
                     return int(row[0]), int(row[1])
@@ -546,11 +552,11 @@ async def _workers_registered(dsn: str, workers: int) -> bool:
 
 
 def longest_gap(times: list[float], lo: float, hi: float) -> float | None:
-    """The longest gap between consecutive times that begins in [lo - 2, hi) (a fault's own window: a gap
-    that began before a fault, or in the next one's, is not its); None without a time in that window."""
+    """The longest gap between consecutive times that begins in [lo - 2, hi - 2) (a fault's own window: a
+    gap that began before a fault, or at the next one, is not its); None without a time in that window."""
     best = None
     for a, b in itertools.pairwise(sorted(times)):
-        if lo - 2.0 <= a < hi:
+        if lo - 2.0 <= a < hi - 2.0:
             best = max(best or 0.0, b - a)
     return round(best, 2) if best is not None else None
 
@@ -646,6 +652,11 @@ async def measure(config: DrillConfig, cluster: Cluster, history_dsn: str, dsn: 
         "self-fences (worker exit 12) in all": len(fences),
     }
     reasons = verdict(config, chaos, code, rows, faults, two_writable)
+    if reasons:
+        with contextlib.suppress(OSError):
+            said = (workdir / "chaos" / "supervisor.log").read_text(errors="replace").splitlines()
+            notable = [line for line in said if " ERROR " in line or " CRITICAL " in line or "exited" in line]
+            reasons += ["supervisor log: " + line for line in notable[-12:]]
     return DrillResult(config.leg, not reasons, reasons, figures, rows, by_kind, chaos)
 
 
