@@ -124,6 +124,8 @@ class Fault:
     kind: str
     started: float
     ended: float = 0.0
+    prepared: float = 0.0
+    """When its preparation began (the lag injected before a kill), else when it started."""
     detail: str = ""
     error: str | None = None
 
@@ -369,7 +371,7 @@ class FaultDriver:
         if self.config.leg == "async":
             lagged = await asyncio.to_thread(self.cluster.hold_back_replication, old)
             await asyncio.sleep(LAG_BEFORE_KILL)
-            fault.started = time.time()  # the fault is the kill; the lag was only its preparation
+            fault.prepared, fault.started = fault.started, time.time()  # the fault is the kill
         said = self.cluster.kill_node(old)
         if lagged:
             await asyncio.to_thread(self.cluster.heal)
@@ -561,18 +563,18 @@ def longest_gap(times: list[float], lo: float, hi: float) -> float | None:
     return round(best, 2) if best is not None else None
 
 
-def write_outage(ticks: dict[float, int], lo: float, hi: float) -> float | None:
-    """The longest stretch without a successful probe write, from the last success before it to the first
-    after it, among stretches that start in [lo - 1, hi)."""
-    ordered = sorted(ticks)
-    best = 0.0
+def write_outage(ticks: dict[float, int], lo: float, hi: float) -> tuple[float, float] | None:
+    """The longest stretch without a successful probe write among those that begin in [lo - 1, hi): (the
+    last success before it, the first after it); None when there was none."""
+    best: tuple[float, float] | None = None
     last_ok = None
-    for t in ordered:
+    for t in sorted(ticks):
         if ticks[t] > 0:
-            if last_ok is not None and lo - 1.0 <= last_ok < hi:
-                best = max(best, t - last_ok - PROBE_INTERVAL)
+            if last_ok is not None and lo - 1.0 <= last_ok < hi and t - last_ok > PROBE_INTERVAL * 1.5 and (
+                    best is None or t - last_ok > best[1] - best[0]):
+                best = (last_ok, t)
             last_ok = t
-    return round(max(best, 0.0), 2)
+    return best
 
 
 async def measure(config: DrillConfig, cluster: Cluster, history_dsn: str, dsn: str, driver: FaultDriver,
@@ -603,16 +605,18 @@ async def measure(config: DrillConfig, cluster: Cluster, history_dsn: str, dsn: 
     for i, f in enumerate(faults):
         hi = faults[i + 1].started if i + 1 < len(faults) else f.ended + 60.0
         outage = write_outage(writes, f.started, max(f.ended, f.started + 1.0))
-        back = f.started + (outage or 0.0)
+        back = outage[1] if outage is not None else f.started
         listen = next((t - back for t, _, n in driver.listeners if t >= back and n >= config.workers), None)
+        lo = f.prepared or f.started
         rows.append({
             "n": f.n, "kind": f.kind, "at_s": round(f.started - faults[0].started, 1),
             "duration_s": round(f.ended - f.started, 1),
-            "write_unavailable_s": outage,
-            "client_gap_s": longest_gap(acked, f.started, hi),
-            "db_gap_s": longest_gap(beats, f.started, hi),
+            # from the last write acknowledged before it to the first after it, less one probe interval
+            "write_unavailable_s": round(outage[1] - outage[0] - PROBE_INTERVAL, 2) if outage else 0.0,
+            "client_gap_s": longest_gap(acked, lo, hi),
+            "db_gap_s": longest_gap(beats, lo, hi),
             "listen_s": round(max(listen, 0.0), 1) if listen is not None else None,
-            "jobs_started_late": sum(1 for c, d in first_start if f.started - LATE <= c < hi and d > LATE),
+            "jobs_started_late": sum(1 for c, d in first_start if lo - LATE <= c < hi and d > LATE),
             "self_fences": sum(1 for t in fences if f.started <= t < hi),
             "two_writable_ticks": sum(1 for t in two_writable if f.started - 1 <= t < hi),
             "two_primary_ticks": sum(1 for t in two_primaries if f.started - 1 <= t < hi),
