@@ -76,9 +76,10 @@ FULL_KINDS = {
     # kill_leader first: its lag-injected loss must fall while the workload still enqueues
     "async": ("kill_leader", "switchover", "partition_leader", "stop_patroni", "kill_sync_replica"),
 }
-ESTIMATE = {"switchover": 10.0, "kill_leader": 45.0, "stop_patroni": 45.0, "partition_leader": 50.0,
-            "kill_sync_replica": 30.0}
-"""Seconds a fault takes until the cluster is healthy again (sizes chaos.py's window)."""
+ESTIMATE = {"switchover": 20.0, "kill_leader": 35.0, "stop_patroni": 42.0, "partition_leader": 45.0,
+            "kill_sync_replica": 22.0}
+"""Seconds from a fault's start to the next one's (measured: its own time, the cluster healthy again, GAP at
+least); chaos.py's window is sized so that every fault falls while the workload still enqueues."""
 PROBE_DDL = "CREATE TABLE IF NOT EXISTS beats (id bigint GENERATED ALWAYS AS IDENTITY, node text, at timestamptz " \
             "DEFAULT clock_timestamp())"
 HISTORY_DDL = """
@@ -115,7 +116,8 @@ class DrillConfig:
     def window(self) -> float:
         if self.seconds is not None:
             return self.seconds
-        return 15.0 + sum(max(GAP, ESTIMATE[k]) for k in self.fault_plan())
+        # chaos.py enqueues over the first three quarters of its window, then drains
+        return round((15.0 + sum(max(GAP, ESTIMATE[k]) for k in self.fault_plan())) / 0.75)
 
 
 @dataclass
