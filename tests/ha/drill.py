@@ -72,11 +72,11 @@ GAP = 20.0
 STOP_PATRONI_FOR = TTL + 8.0
 LAG_BEFORE_KILL = 2.0
 FULL_KINDS = {
-    "sync": ("switchover", "kill_leader", "stop_patroni", "partition_leader", "kill_sync_replica"),
+    "sync": ("switchover", "kill_leader", "partition_leader", "stop_patroni", "kill_sync_replica"),
     # kill_leader first: its lag-injected loss must fall while the workload still enqueues
     "async": ("kill_leader", "switchover", "partition_leader", "stop_patroni", "kill_sync_replica"),
 }
-ESTIMATE = {"switchover": 20.0, "kill_leader": 35.0, "stop_patroni": 42.0, "partition_leader": 45.0,
+ESTIMATE = {"switchover": 20.0, "kill_leader": 35.0, "stop_patroni": 42.0, "partition_leader": 60.0,
             "kill_sync_replica": 22.0}
 """Seconds from a fault's start to the next one's (measured: its own time, the cluster healthy again, GAP at
 least); chaos.py's window is sized so that every fault falls while the workload still enqueues."""
