@@ -42,7 +42,6 @@ import itertools
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -634,7 +633,7 @@ async def measure(config: DrillConfig, cluster: Cluster, history_dsn: str, dsn: 
                 return "-"
             if len(values) == 1:
                 return values[0]
-            return f"{statistics.median(values):g}..{max(values):g}"
+            return f"{min(values):g}..{max(values):g}"
 
         by_kind[kind] = {"count": len(mine), **{name: worst(name) for name in (
             "write_unavailable_s", "client_gap_s", "db_gap_s", "listen_s")},
