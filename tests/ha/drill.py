@@ -75,7 +75,7 @@ FULL_KINDS = {
     # kill_leader first: its lag-injected loss must fall while the workload still enqueues
     "async": ("kill_leader", "switchover", "partition_leader", "stop_patroni", "kill_sync_replica"),
 }
-ESTIMATE = {"switchover": 20.0, "kill_leader": 35.0, "stop_patroni": 42.0, "partition_leader": 60.0,
+ESTIMATE = {"switchover": 20.0, "kill_leader": 35.0, "stop_patroni": 42.0, "partition_leader": 75.0,
             "kill_sync_replica": 22.0}
 """Seconds from a fault's start to the next one's (measured: its own time, the cluster healthy again, GAP at
 least); chaos.py's window is sized so that every fault falls while the workload still enqueues."""
