@@ -118,4 +118,10 @@ SELECT (SELECT count(*) FROM taskq.workers AS w WHERE w.lease_expires_at > now()
        (SELECT count(DISTINCT a.application_name) FROM pg_stat_activity AS a
         WHERE a.datname = current_database() AND a.application_name LIKE 'taskq-worker %%') AS named,
        (SELECT count(*) FROM pg_stat_activity AS a
-        WHERE a.datname = current_database() AND a.query = '<insufficient privilege>') AS hidden;
+        WHERE a.datname = current_database() AND a.query = '<insufficient privilege>') AS hidden,
+       -- the live worker whose clock is furthest from the database's, as its heartbeats report it
+       o.id AS skewed_worker, o.clock_offset AS worker_clock_offset
+FROM (SELECT 1) AS one
+LEFT JOIN LATERAL (SELECT w.id, w.clock_offset FROM taskq.workers AS w
+                   WHERE w.lease_expires_at > now() AND w.clock_offset IS NOT NULL
+                   ORDER BY abs(w.clock_offset) DESC LIMIT 1) AS o ON true;
