@@ -62,6 +62,7 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import psycopg
+from chaos_capabilities import Capabilities
 from chaos_checks import (
     FUTURE_TAG,
     TERMINAL,
@@ -413,16 +414,21 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosReport:
         recorder = loop.create_task(history.run(recording))
         async with await JobsClient.connect(app_dsn, transaction_pooler=config.pgbouncer) as client:
             workload = Workload(client, dsn, plan, history)
+            caps = Capabilities(client, dsn, history, random.Random(seed + 1), config.jobs, config.seconds)
+            await caps.setup()
+            sampler = loop.create_task(caps.sample(recording))
             start = loop.time()
-            log(f"running {config.jobs} jobs and {faults.count} faults over {config.seconds:g}s")
-            await asyncio.gather(workload.run(start), faults.run(start))
+            log(f"running {config.jobs} jobs (and {len(caps.plan)} of the capabilities) and {faults.count} faults "
+                f"over {config.seconds:g}s")
+            await asyncio.gather(workload.run(start), caps.run(start), faults.run(start))
             injected = loop.time() - start
+            await caps.finish()
             log(f"faults done ({faults.by_kind()}); draining")
             drained = await wait_until(lambda: _zero(dsn), timeout=config.drain_timeout, interval=0.5)
             drain_time = loop.time() - start - injected
         await history.poll_once()
         recording.set()
-        await recorder
+        await asyncio.gather(recorder, sampler)
         history_written = await history.close()
         log(f"drained={drained} after {drain_time:.1f}s; stopping the supervisor")
         exits_before_stop = sup.worker_exits()
@@ -438,7 +444,8 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosReport:
         rows = await fetch(dsn, "SELECT count(*) FILTER (WHERE parent_id IS NOT NULL), "
                                 "count(*) FILTER (WHERE 'chaos-future' = ANY(tags)), "
                                 "count(*) FILTER (WHERE dependency_mode IS NOT NULL), "
-                                "count(*) FILTER (WHERE error_class = 'ParentFailed') FROM taskq.jobs")
+                                "count(*) FILTER (WHERE error_class = 'ParentFailed'), "
+                                "count(*) FILTER (WHERE schedule IS NOT NULL) FROM taskq.jobs")
         run: dict[str, Any] = {
             "seed": seed,
             "workers / windows": f"{config.workers} workers, heartbeat {WINDOWS['heartbeat_interval']}s, lock "
@@ -449,13 +456,15 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosReport:
             "jobs scheduled a day ahead (never run)": rows[0][1],
             "graph jobs (workflows) / with parents / cancelled by the cascade":
                 f"{sum(p.graph is not None for p in plan)} / {rows[0][2]} / {rows[0][3]}",
+            "schedule slot jobs (one per second until paused)": rows[0][4],
             "faults injected": sum(faults.by_kind().values()),
             **{f"  fault {kind}": n for kind, n in faults.by_kind().items()},
             "  skipped (no live worker to signal)": faults.skipped(),
             "fault window / drain (s)": f"{injected:.1f} / {drain_time:.1f}" + ("" if drained else " NOT DRAINED"),
             "operator cancels (status seen by cancel)": sum(cancels.values()),
             **{f"  cancel on {k}": n for k, n in sorted(cancels.items(), key=lambda kv: str(kv[0]))},
-            "client errors retried": workload.client_errors,
+            "client errors retried": workload.client_errors + caps.client_errors,
+            **caps.figures(),
             "worker exits during the run": _exits(exits_before_stop),
             "worker exits at the stop": _exits(sup.worker_exits() - exits_before_stop),
             "supervisor exit code (SIGTERM)": code,
@@ -463,6 +472,7 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosReport:
             "history written": "yes" if history_written else "NO: the history database stayed unreachable",
         }
         report = await run_checks(dsn, plan, run, code, stale_after=float(WINDOWS["lock_timeout"]))
+        report.violations |= await caps.check()
         report.history = await check_history(history)
         report.expect_loss = config.expect_loss
         if not history_written:
