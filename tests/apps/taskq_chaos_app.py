@@ -348,9 +348,9 @@ async def chaos_durable(work: Work, ctx: JobContext[Work]) -> Produced:
     except asyncio.CancelledError:
         outcome = "cancelled"
         raise
-    except BaseException as exc:  # the suspension of a sleep or a wait is a BaseException
+    except BaseException:  # the suspension of a sleep or a wait is a BaseException
         outcome = "suspended" if ctx.suspension is not None else "raised"
-        raise exc from None
+        raise
     finally:
         if outcome != "returned":
             _end_in_background(token, outcome)

@@ -22,18 +22,22 @@ What it does, in order:
    does), so that it can restart it and take it away; with `--dsn` it uses that database instead and
    injects no database faults;
 2. migrates it, creates `chaos.effects` (one row per actor execution, see tests/apps/taskq_chaos_app.py)
-   and starts `python -m taskq.supervisor taskq_chaos_app:actors --workers 3` with sub-second windows;
+   and the history tables (in the history database when there is one, chaos_history.py) and starts
+   `python -m taskq.supervisor taskq_chaos_app:app --workers 3` with sub-second windows;
 3. enqueues a mixed workload over the first three quarters of the window (async, thread and process
    actors; fast and slow; failing then succeeding, always failing; parents enqueuing children; some
    scheduled a day ahead) and cancels a share of the jobs at random moments (JobsClient.cancel, on
-   pending, running and finished jobs);
+   pending, running and finished jobs); beside it, the capabilities (chaos_capabilities.py: limits,
+   pause, unique keys, schedules, snooze, requeue, fair keys, durable steps, sleeps and signals), each
+   call recorded in the history;
 4. meanwhile a fault driver, bounded in count and in time, injects: SIGKILL of a worker, SIGSTOP of a
    worker past its lock_timeout then SIGCONT, SIGHUP (rolling restart), PostgreSQL restarts (shorter
    than lock_timeout) and PostgreSQL outages (longer: workers self-fence and are replaced);
 5. stops injecting, waits until every job is terminal (except the ones scheduled a day ahead), stops the
-   supervisor with SIGTERM, then runs `taskq.invariants.check_invariants` and the chaos checks
-   (results against effects, every job accounted for), prints the summary table and fails on any
-   violation.
+   supervisor with SIGTERM, then runs `taskq.invariants.check_invariants`, the chaos checks
+   (results against effects, every job accounted for, the capabilities) and the history checks I1-I3,
+   prints the summary table and fails on any violation (with --expect-loss: on any that a lost commit
+   cannot explain).
 
 This module is the workload and the run; `chaos_fleet` holds the server, the supervisor and the fault
 driver, `chaos_checks` the checks and the report.

@@ -198,11 +198,12 @@ class Capabilities:
         while loop.time() < start + 0.75 * self.window:
             await asyncio.sleep(0.5)
             unique_key = f"{UNIQUE_PREFIX}{self.rng.randrange(UNIQUE_KEYS)}"
-            work = {"key": f"{KEY_PREFIX}unique-{n:04d}", "seconds": self.rng.uniform(0.3, 1.2)}
+            key = f"{KEY_PREFIX}unique-{n:04d}"
+            work = {"key": key, "seconds": self.rng.uniform(0.3, 1.2)}
             n += 1
             self.unique_calls += 1
             enqueue = functools.partial(self.client.enqueue, "chaos.async", work, unique_key=unique_key)
-            handle = await self._call("enqueue_unique", enqueue, key=work["key"], unique_key=unique_key)
+            handle = await self._call("enqueue_unique", enqueue, key=key, unique_key=unique_key)
             self.unique_created += bool(handle is not None and handle.created)
 
     async def _pause(self, start: float) -> None:

@@ -431,7 +431,7 @@ async def check_history(history: History) -> HistoryResult:
 def figures(history: History, final: dict[UUID, tuple[Any, ...]]) -> dict[str, Any]:
     by = {outcome: sum(o.outcome == outcome for o in history.ops if o.op in ENQUEUE_OPS)
           for outcome in ("ok", "info", "found", "absent")}
-    operator = {}
+    operator: dict[str, int] = {}
     for o in history.ops:
         if o.op not in ENQUEUE_OPS:
             operator[f"{o.op} {o.outcome}"] = operator.get(f"{o.op} {o.outcome}", 0) + 1

@@ -41,6 +41,15 @@ async def test_chaos_run_under_every_kind_of_fault_keeps_every_invariant(
     statuses = report.invariants.jobs_by_status
     assert {"succeeded", "failed", "cancelled"} <= set(statuses), statuses
     assert report.run["operator cancels (status seen by cancel)"] > 0
+    # the history was kept and checked, and every capability ran under the faults
+    assert report.history is not None and report.history.figures["acknowledged enqueues (jobs)"] > 0
+    assert report.history.violations == {}
+    assert report.run["schedule slot jobs (one per second until paused)"] > 5
+    for kind in ("capped", "durable", "fair", "limited", "paused", "requeue", "snooze"):
+        assert f"{kind}: 0" not in report.run["capability jobs enqueued"], report.run["capability jobs enqueued"]
+    assert not report.run["jobs requeued after failing / signals sent"].startswith("0 /")
+    assert report.run["max running jobs of queue chaos-limited (limit 3)"] >= 1
+    assert report.run["max holders of one unique key (limit 1)"] == 1
 
 
 @pytest.mark.slow
