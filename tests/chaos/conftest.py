@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from apps import taskq_chaos_app
 from chaos import ChaosConfig
-from chaos_checks import EFFECTS_DDL
+from chaos_history import EFFECTS_DDL
 
 
 @pytest.fixture
