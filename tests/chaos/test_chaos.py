@@ -191,9 +191,6 @@ async def test_a_worker_stops_even_when_a_service_loses_the_cancel_meant_to_stop
     assert task.result() == 0
 
 
-@pytest.mark.xfail(strict=True, reason="found by the chaos run: the finish that suspends a wait computes "
-                   "signal_ready_v17 before it waits for the row lock; a sender that only locked the row "
-                   "(the job was running) gives no re-check, so the signal's wake-up is lost")
 async def test_a_signal_sent_while_the_suspending_finish_waits_for_the_row_wakes_the_job(
     dsn: str, client: JobsClient
 ) -> None:
