@@ -1,4 +1,5 @@
--- taskq schema, version 19: the depth of a queue group, one number for an autoscaler (issue 33).
+-- taskq schema, version 19: the depth of a queue group, one number for an autoscaler, and each worker's clock
+-- as its heartbeats report it (issue 33).
 --
 -- queue_depth_v19(queues) = the due jobs (pending or scheduled with scheduled_at <= now()) plus the running
 -- jobs of `queues` (NULL: every queue), the jobs of paused queues left out. It is what a KEDA PostgreSQL
@@ -36,3 +37,9 @@ END
 $$;
 
 REVOKE ALL ON FUNCTION taskq.queue_depth_v19(text[]) FROM PUBLIC;
+
+-- Each worker's clock against the database's, as its last heartbeat saw it: the seconds its clock was ahead
+-- (negative: behind) when it sent the heartbeat, less the trip to the server (so a skew is known to a few
+-- milliseconds). `taskq doctor` reports the worst of the live workers. NULL until a heartbeat of a taskq
+-- that writes it.
+ALTER TABLE taskq.workers ADD COLUMN clock_offset float8;

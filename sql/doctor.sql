@@ -106,17 +106,22 @@ LIMIT 1;
 
 -- name: doctor_workers
 -- Live workers (registered, lease running, not stopping) against the sessions of this database that hold a
--- worker's LISTEN: their last statement is the listener's LISTEN (sql/workers.sql `listen`), or a probe of
--- pg_listening_channels() on a connection named 'taskq-worker ...'. `named` counts the workers with at least
--- one connection named after them (taskq.backend.WORKER_APPLICATION_NAME).
+-- worker's LISTEN: named 'taskq-listener <worker id>' (taskq.backend._conn.LISTENER_APPLICATION_NAME), or,
+-- from a worker of an older taskq, whose last statement is the listener's LISTEN (sql/workers.sql `listen`).
+-- `named` counts the workers with at least one connection named after them (WORKER_APPLICATION_NAME).
 SELECT (SELECT count(*) FROM taskq.workers AS w WHERE w.lease_expires_at > now() AND NOT w.stopping) AS alive,
        (SELECT count(*) FROM taskq.workers AS w WHERE w.lease_expires_at <= now()) AS expired,
        (SELECT count(*) FROM pg_stat_activity AS a
         WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
-          AND (a.query LIKE 'LISTEN taskq\_jobs;%%'
-               OR (a.application_name LIKE 'taskq-worker %%' AND a.query LIKE '%%pg\_listening\_channels()%%'))
+          AND (a.application_name LIKE 'taskq-listener %%' OR a.query LIKE 'LISTEN taskq\_jobs;%%')
        ) AS listening,
        (SELECT count(DISTINCT a.application_name) FROM pg_stat_activity AS a
         WHERE a.datname = current_database() AND a.application_name LIKE 'taskq-worker %%') AS named,
        (SELECT count(*) FROM pg_stat_activity AS a
-        WHERE a.datname = current_database() AND a.query = '<insufficient privilege>') AS hidden;
+        WHERE a.datname = current_database() AND a.query = '<insufficient privilege>') AS hidden,
+       -- the live worker whose clock is furthest from the database's, as its heartbeats report it
+       o.id AS skewed_worker, o.clock_offset AS worker_clock_offset
+FROM (SELECT 1) AS one
+LEFT JOIN LATERAL (SELECT w.id, w.clock_offset FROM taskq.workers AS w
+                   WHERE w.lease_expires_at > now() AND w.clock_offset IS NOT NULL
+                   ORDER BY abs(w.clock_offset) DESC LIMIT 1) AS o ON true;

@@ -90,7 +90,8 @@ SELECT count(*) AS held FROM j;
 -- name now becomes due at once (and its queue's workers are woken). The job's row is locked first, so the
 -- status read is the one the signal lands on: a terminal job gets no signal (status tells the caller why),
 -- and a finish that suspends the job either commits before (and this wakes it) or after (and sees the
--- signal: taskq.signal_ready_v17). No row: the job does not exist.
+-- signal: taskq.signal_ready_v17, re-checked because this writes the running job's row). No row: the job
+-- does not exist.
 WITH j AS (
     SELECT id, status, queue, wait_kind, wait_signal FROM taskq.jobs WHERE id = %(job_id)s
     FOR NO KEY UPDATE
@@ -99,11 +100,19 @@ WITH j AS (
     SELECT j.id, %(name)s, %(payload)s::jsonb, %(sent_by)s FROM j
     WHERE j.status NOT IN ('succeeded', 'failed', 'cancelled', 'crashed', 'abandoned')
     RETURNING id, job_id
-), woke AS (
-    UPDATE taskq.jobs AS x SET revision = x.revision + 1, scheduled_at = least(x.scheduled_at, now())
+), touched AS (
+    -- a job waiting for this name wakes; a running one's row is written too (revision only): the finish of
+    -- an attempt that suspends it may be waiting for this row lock, having decided that no signal was there
+    -- (signal_ready_v17, computed before the wait), and PostgreSQL re-checks that decision once the lock is
+    -- released only if the row was updated, not merely locked
+    UPDATE taskq.jobs AS x SET revision = x.revision + 1,
+        scheduled_at = CASE WHEN j.status = 'scheduled' THEN least(x.scheduled_at, now()) ELSE x.scheduled_at END
     FROM j JOIN ins ON ins.job_id = j.id
-    WHERE x.id = j.id AND j.status = 'scheduled' AND j.wait_kind = 'signal' AND j.wait_signal = %(name)s
-    RETURNING x.id, x.queue
+    WHERE x.id = j.id
+      AND (j.status = 'running' OR (j.status = 'scheduled' AND j.wait_kind = 'signal' AND j.wait_signal = %(name)s))
+    RETURNING x.id, x.queue, j.status = 'scheduled' AS woke
+), woke AS (
+    SELECT t.id, t.queue FROM touched AS t WHERE t.woke
 ), ev AS (
     INSERT INTO taskq.job_events (job_id, kind, detail)
     SELECT ins.job_id, 'signal',

@@ -473,7 +473,8 @@ WITH i AS (
         error_message = CASE WHEN i.status = 'succeeded' THEN NULL ELSE i.error_message END,
         finished_at = CASE WHEN i.status = 'scheduled' AND j.cancel_requested_at IS NULL THEN NULL ELSE now() END,
         -- a wait for a signal that is already there is due at once (taskq.signal_ready_v17 reads with its
-        -- own snapshot: it sees a signal whose sender held this row while this statement waited for it)
+        -- own snapshot; a sender holding this row while this statement waits for it writes the row too, so
+        -- the statement re-evaluates this once it has the row, and sees the signal: sql/durable.sql)
         scheduled_at = CASE WHEN i.status <> 'scheduled' OR j.cancel_requested_at IS NOT NULL THEN j.scheduled_at
                             WHEN i.wait_kind = 'signal' AND taskq.signal_ready_v17(j.id, i.wait_signal) THEN now()
                             WHEN i.retry_delay = 'Infinity' THEN '9999-12-31 00:00:00+00'::timestamptz

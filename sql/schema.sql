@@ -532,6 +532,7 @@ CREATE TABLE taskq.workers (
     capacity_thread integer,
     capacity_process integer,
     actor_isolation jsonb,
+    clock_offset double precision,
     CONSTRAINT workers_capacity_async_check CHECK ((capacity_async >= 0)),
     CONSTRAINT workers_capacity_process_check CHECK ((capacity_process >= 0)),
     CONSTRAINT workers_capacity_thread_check CHECK ((capacity_thread >= 0))

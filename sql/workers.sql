@@ -49,7 +49,8 @@ WHERE l.worker_id IN (SELECT id FROM gone)
 -- 'lost' (id, epoch), 'cancel' (id, epoch, cancel_phase).
 WITH w AS (
     UPDATE taskq.workers SET last_heartbeat_at = now(),
-        lease_expires_at = now() + %(lock_timeout)s::float8 * interval '1 second'
+        lease_expires_at = now() + %(lock_timeout)s::float8 * interval '1 second',
+        clock_offset = extract(epoch FROM %(sent_at)s::timestamptz - clock_timestamp())
     WHERE id = %(worker_id)s
     RETURNING id
 ), lost AS (

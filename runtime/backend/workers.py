@@ -17,7 +17,7 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -249,7 +249,8 @@ class WorkerStore:
 
     async def heartbeat(self, conn: AsyncConnection[Any], lock_timeout: float) -> HeartbeatRead:
         """POLL_CANCEL_FLAGS_SQL inside the caller's transaction."""
-        cur = await conn.execute(POLL_CANCEL_FLAGS_SQL, {"worker_id": self.worker_id, "lock_timeout": lock_timeout})
+        cur = await conn.execute(POLL_CANCEL_FLAGS_SQL, {"worker_id": self.worker_id, "lock_timeout": lock_timeout,
+                                                         "sent_at": datetime.now(UTC)})
         read = HeartbeatRead(worker_row=False, lost=[], cancels={})
         for kind, job_id, epoch, phase in await cur.fetchall():
             if kind == "worker":

@@ -314,14 +314,27 @@ def check_pooler(facts: Facts, transaction_pooler: bool) -> Check:
 def check_clock(facts: Facts, t: Thresholds) -> Check:
     skew, within = facts.clock_skew, facts.clock_uncertainty
     direction = "ahead of" if skew > 0 else "behind"
-    value = (f"the database is {abs(skew):.3f}s {direction} this host (within {within:.3f}s); worker hosts' clocks "
-             "are not recorded: run doctor on each")
+    value = f"the database is {abs(skew):.3f}s {direction} this host (within {within:.3f}s)"
     status = _level(max(abs(skew) - within, 0.0), t.clock_warn, t.clock_critical)
+    detail: dict[str, Any] = {"skew": skew, "uncertainty": within}
+    workers = facts.workers
+    offset = None if isinstance(workers, Unreadable) else workers.get("worker_clock_offset")
+    if offset is not None:
+        worker = workers["skewed_worker"]  # type: ignore[index]
+        value += (f"; the live worker furthest off is {worker}, its clock {abs(offset):.3f}s "
+                  f"{'ahead of' if offset > 0 else 'behind'} the database's (its last heartbeat)")
+        detail |= {"worker": worker, "worker_offset": offset}
+        worker_status = _level(abs(offset), t.clock_warn, t.clock_critical)
+        if _RANK[worker_status] > _RANK[status]:
+            status = worker_status
+    else:
+        value += "; no live worker has reported its clock"
     action = ""
     if status is not Status.OK:
-        action = ("sync this host's clock (NTP/chrony): a delay enqueued from here (`--at +5m`, timedelta) lands off "
-                  "by the skew; leases and limits use the database's clock")
-    return Check("clock skew", status, value, action, {"skew": skew, "uncertainty": within})
+        action = ("sync the host's clock (NTP/chrony): a delay enqueued from there (`--at +5m`, timedelta) and a "
+                  "worker's local timeouts land off by the skew; leases, limits and schedules use the database's "
+                  "clock")
+    return Check("clock skew", status, value, action, detail)
 
 
 def check_connections(facts: Facts, t: Thresholds) -> Check:

@@ -25,13 +25,13 @@ import socket
 import threading
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 from pydantic import BaseModel
 
-from taskq import CancelOrigin, JobContext, RetryPolicy, actor
+from taskq import CancelOrigin, JobContext, RetryPolicy, Schedule, Snooze, actor
 from taskq.actors.thread import ActorInterrupted
 
 EFFECTS_DSN_ENV = "TASKQ_CHAOS_EFFECTS_DSN"
@@ -56,6 +56,12 @@ class Work(BaseModel):
     always_fail: bool = False
     children: int = 0
     cancel_returns: bool = False
+    snoozes: int = 0
+    """chaos.snoozy: snooze (0.2 s) on the first `snoozes` attempts."""
+    sleep: float = 0.0
+    """chaos.durable: a durable sleep of this many seconds between its two steps."""
+    signal: bool = False
+    """chaos.durable: wait for signal `go` (sent by the producer) after the sleep."""
 
 
 class Produced(BaseModel):
@@ -68,6 +74,8 @@ class Produced(BaseModel):
     isolation: str
     partial: bool
     children: list[str]
+    steps: list[str] = []
+    """chaos.durable: the tokens its two steps returned (stored once, returned on every run)."""
 
 
 class ChaosFailure(Exception):
@@ -196,7 +204,11 @@ def _end_in_background(token: str, outcome: str) -> None:
     threading.Thread(target=record_end_quietly, args=(token, outcome), daemon=True).start()
 
 
-@actor(name="chaos.async", max_attempts=5, retry=RETRY)
+QUEUES = ["default", "chaos-*"]
+"""The chaos actors run on the queues the capability workload uses (tests/chaos/chaos_capabilities.py)."""
+
+
+@actor(name="chaos.async", max_attempts=5, retry=RETRY, queues=QUEUES)
 async def chaos_async(work: Work, ctx: JobContext[Work]) -> Produced:
     token = await asyncio.to_thread(record_start, ctx, "async")
     try:
@@ -262,7 +274,7 @@ def _sync_body(work: Work, ctx: Any, isolation: str, *, stubborn: bool = False) 
         raise
 
 
-@actor(name="chaos.thread", max_attempts=5, retry=RETRY)
+@actor(name="chaos.thread", max_attempts=5, retry=RETRY, queues=QUEUES)
 def chaos_thread(work: Work, ctx: JobContext[Work]) -> Produced:
     return _sync_body(work, ctx, "thread")
 
@@ -278,6 +290,82 @@ def chaos_stubborn(work: Work, ctx: JobContext[Work]) -> Produced:
     return _sync_body(work, ctx, "process", stubborn=True)
 
 
-actors = [chaos_async, chaos_thread, chaos_process, chaos_stubborn]
+# -- the capabilities built since (tests/chaos/chaos_capabilities.py drives them) ------------------
 
-__all__ = ["EFFECTS_DSN_ENV", "RUN_ENV", "Produced", "Work", "actors", "close_effects"]
+
+@actor(name="chaos.snoozy", max_attempts=3, retry=RETRY)
+async def chaos_snoozy(work: Work, ctx: JobContext[Work]) -> Produced:
+    """Snoozes on its first `snoozes` attempts (a snooze gives the attempt back), then returns."""
+    token = await asyncio.to_thread(record_start, ctx, "async")
+    if ctx.attempt <= work.snoozes:
+        _end_in_background(token, "snoozed")
+        raise Snooze(0.2)
+    await asyncio.sleep(work.seconds)
+    return await _finish_async(token, _produced(work, ctx, token, "async", [], False))
+
+
+@actor(name="chaos.capped", queue="chaos-capped", global_concurrency=2, max_attempts=5, retry=RETRY)
+async def chaos_capped(work: Work, ctx: JobContext[Work]) -> Produced:
+    """An actor limited to 2 running jobs across the fleet (the sampler checks it)."""
+    token = await asyncio.to_thread(record_start, ctx, "async")
+    try:
+        await asyncio.sleep(work.seconds)
+    except asyncio.CancelledError:
+        _end_in_background(token, "cancelled")
+        raise
+    return await _finish_async(token, _produced(work, ctx, token, "async", [], False))
+
+
+def record_step_effect(ctx: Any, step: str) -> str:
+    """The side effect of a durable step: one row per run of the step's function."""
+    token = str(uuid.uuid4())
+    _effects.run(
+        "INSERT INTO chaos.step_effects (run, job_id, step, attempt, claim_epoch, token) "
+        "VALUES (%s, %s, %s, %s, %s, %s)",
+        (os.environ.get(RUN_ENV, ""), ctx.job_id, step, ctx.attempt, ctx.claim_epoch, token),
+    )
+    return token
+
+
+@actor(name="chaos.durable", max_attempts=5, retry=RETRY)
+async def chaos_durable(work: Work, ctx: JobContext[Work]) -> Produced:
+    """Two steps with a durable sleep and (`signal`) a wait for signal `go` between them: every run after a
+    suspension starts from the top, the completed steps returning their stored tokens."""
+    token = await asyncio.to_thread(record_start, ctx, "async")
+    outcome = "raised"
+    try:
+        first = await ctx.step("charge", _step_effect, ctx, "charge")
+        if work.sleep:
+            await ctx.sleep(work.sleep)
+        if work.signal:
+            await ctx.wait_for_signal("go", timeout=120.0)
+        second = await ctx.step("ship", _step_effect, ctx, "ship")
+        if _must_fail(work, ctx):
+            raise ChaosFailure(f"{work.key}: failing attempt {ctx.attempt} on purpose")
+        outcome = "returned"
+        result = _produced(work, ctx, token, "async", [], False).model_copy(update={"steps": [first, second]})
+        return await _finish_async(token, result)
+    except asyncio.CancelledError:
+        outcome = "cancelled"
+        raise
+    except BaseException:  # the suspension of a sleep or a wait is a BaseException
+        outcome = "suspended" if ctx.suspension is not None else "raised"
+        raise
+    finally:
+        if outcome != "returned":
+            _end_in_background(token, outcome)
+
+
+async def _step_effect(ctx: Any, step: str) -> str:
+    return await asyncio.to_thread(record_step_effect, ctx, step)
+
+
+actors = [chaos_async, chaos_thread, chaos_process, chaos_stubborn, chaos_snoozy, chaos_capped, chaos_durable]
+
+SCHEDULE_EVERY = 1.0
+schedule = Schedule(name="chaos-every-second", actor=chaos_async, every=timedelta(seconds=SCHEDULE_EVERY),
+                    payload=Work(key="cap-schedule", seconds=0.05))
+app = [*actors, schedule]
+"""What the chaos fleet runs: the actors and a schedule (the in-process tests run `actors` alone)."""
+
+__all__ = ["EFFECTS_DSN_ENV", "RUN_ENV", "Produced", "Work", "actors", "app", "close_effects"]

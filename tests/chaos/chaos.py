@@ -22,18 +22,22 @@ What it does, in order:
    does), so that it can restart it and take it away; with `--dsn` it uses that database instead and
    injects no database faults;
 2. migrates it, creates `chaos.effects` (one row per actor execution, see tests/apps/taskq_chaos_app.py)
-   and starts `python -m taskq.supervisor taskq_chaos_app:actors --workers 3` with sub-second windows;
+   and the history tables (in the history database when there is one, chaos_history.py) and starts
+   `python -m taskq.supervisor taskq_chaos_app:app --workers 3` with sub-second windows;
 3. enqueues a mixed workload over the first three quarters of the window (async, thread and process
    actors; fast and slow; failing then succeeding, always failing; parents enqueuing children; some
    scheduled a day ahead) and cancels a share of the jobs at random moments (JobsClient.cancel, on
-   pending, running and finished jobs);
+   pending, running and finished jobs); beside it, the capabilities (chaos_capabilities.py: limits,
+   pause, unique keys, schedules, snooze, requeue, fair keys, durable steps, sleeps and signals), each
+   call recorded in the history;
 4. meanwhile a fault driver, bounded in count and in time, injects: SIGKILL of a worker, SIGSTOP of a
    worker past its lock_timeout then SIGCONT, SIGHUP (rolling restart), PostgreSQL restarts (shorter
    than lock_timeout) and PostgreSQL outages (longer: workers self-fence and are replaced);
 5. stops injecting, waits until every job is terminal (except the ones scheduled a day ahead), stops the
-   supervisor with SIGTERM, then runs `taskq.invariants.check_invariants` and the chaos checks
-   (results against effects, every job accounted for), prints the summary table and fails on any
-   violation.
+   supervisor with SIGTERM, then runs `taskq.invariants.check_invariants`, the chaos checks
+   (results against effects, every job accounted for, the capabilities) and the history checks I1-I3,
+   prints the summary table and fails on any violation (with --expect-loss: on any that a lost commit
+   cannot explain).
 
 This module is the workload and the run; `chaos_fleet` holds the server, the supervisor and the fault
 driver, `chaos_checks` the checks and the report.
@@ -62,6 +66,7 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import psycopg
+from chaos_capabilities import Capabilities
 from chaos_checks import (
     FUTURE_TAG,
     TERMINAL,
@@ -413,16 +418,21 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosReport:
         recorder = loop.create_task(history.run(recording))
         async with await JobsClient.connect(app_dsn, transaction_pooler=config.pgbouncer) as client:
             workload = Workload(client, dsn, plan, history)
+            caps = Capabilities(client, dsn, history, random.Random(seed + 1), config.jobs, config.seconds)
+            await caps.setup()
+            sampler = loop.create_task(caps.sample(recording))
             start = loop.time()
-            log(f"running {config.jobs} jobs and {faults.count} faults over {config.seconds:g}s")
-            await asyncio.gather(workload.run(start), faults.run(start))
+            log(f"running {config.jobs} jobs (and {len(caps.plan)} of the capabilities) and {faults.count} faults "
+                f"over {config.seconds:g}s")
+            await asyncio.gather(workload.run(start), caps.run(start), faults.run(start))
             injected = loop.time() - start
+            await caps.finish()
             log(f"faults done ({faults.by_kind()}); draining")
             drained = await wait_until(lambda: _zero(dsn), timeout=config.drain_timeout, interval=0.5)
             drain_time = loop.time() - start - injected
         await history.poll_once()
         recording.set()
-        await recorder
+        await asyncio.gather(recorder, sampler)
         history_written = await history.close()
         log(f"drained={drained} after {drain_time:.1f}s; stopping the supervisor")
         exits_before_stop = sup.worker_exits()
@@ -438,7 +448,8 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosReport:
         rows = await fetch(dsn, "SELECT count(*) FILTER (WHERE parent_id IS NOT NULL), "
                                 "count(*) FILTER (WHERE 'chaos-future' = ANY(tags)), "
                                 "count(*) FILTER (WHERE dependency_mode IS NOT NULL), "
-                                "count(*) FILTER (WHERE error_class = 'ParentFailed') FROM taskq.jobs")
+                                "count(*) FILTER (WHERE error_class = 'ParentFailed'), "
+                                "count(*) FILTER (WHERE schedule IS NOT NULL) FROM taskq.jobs")
         run: dict[str, Any] = {
             "seed": seed,
             "workers / windows": f"{config.workers} workers, heartbeat {WINDOWS['heartbeat_interval']}s, lock "
@@ -449,13 +460,15 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosReport:
             "jobs scheduled a day ahead (never run)": rows[0][1],
             "graph jobs (workflows) / with parents / cancelled by the cascade":
                 f"{sum(p.graph is not None for p in plan)} / {rows[0][2]} / {rows[0][3]}",
+            "schedule slot jobs (one per second until paused)": rows[0][4],
             "faults injected": sum(faults.by_kind().values()),
             **{f"  fault {kind}": n for kind, n in faults.by_kind().items()},
             "  skipped (no live worker to signal)": faults.skipped(),
             "fault window / drain (s)": f"{injected:.1f} / {drain_time:.1f}" + ("" if drained else " NOT DRAINED"),
             "operator cancels (status seen by cancel)": sum(cancels.values()),
             **{f"  cancel on {k}": n for k, n in sorted(cancels.items(), key=lambda kv: str(kv[0]))},
-            "client errors retried": workload.client_errors,
+            "client errors retried": workload.client_errors + caps.client_errors,
+            **caps.figures(),
             "worker exits during the run": _exits(exits_before_stop),
             "worker exits at the stop": _exits(sup.worker_exits() - exits_before_stop),
             "supervisor exit code (SIGTERM)": code,
@@ -463,6 +476,7 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosReport:
             "history written": "yes" if history_written else "NO: the history database stayed unreachable",
         }
         report = await run_checks(dsn, plan, run, code, stale_after=float(WINDOWS["lock_timeout"]))
+        report.violations |= await caps.check()
         report.history = await check_history(history)
         report.expect_loss = config.expect_loss
         if not history_written:

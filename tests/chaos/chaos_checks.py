@@ -13,6 +13,7 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+from chaos_capabilities import FAIR_QUEUE, KEY_PREFIX, LIMITED_QUEUE, RATE_LIMIT, RATE_PERIOD
 from chaos_history import EFFECTS_DDL, HISTORY_CHECKS, HistoryResult
 from psycopg.types.json import Jsonb
 
@@ -132,6 +133,70 @@ CHAOS_CHECKS: dict[str, tuple[str, str]] = {
            FROM chaos.effects e CROSS JOIN LATERAL unnest(e.children) AS ch
            WHERE NOT EXISTS (SELECT 1 FROM taskq.jobs c WHERE c.id = ch AND c.parent_id = e.job_id)""",
     ),
+    # -- the capabilities (chaos_capabilities.py) --
+    "schedule_one_per_slot": (
+        "at most one job per schedule slot",
+        """SELECT min(id::text), format('%s jobs for slot %s of schedule %s', count(*), scheduled_for, schedule)
+           FROM taskq.jobs WHERE schedule IS NOT NULL GROUP BY schedule, scheduled_for HAVING count(*) > 1""",
+    ),
+    "limits_sampled": ("no sample over a concurrency, rate or unique-key limit (every 0.2 s)", ""),
+    "rate_never_exceeded": (
+        f"never more than {RATE_LIMIT} starts of {LIMITED_QUEUE} in any {RATE_PERIOD:g} s (all attempts)",
+        f"""WITH lim AS (SELECT a.job_id, a.started_at FROM taskq.job_attempts a JOIN taskq.jobs j ON j.id = a.job_id
+                         WHERE j.queue = '{LIMITED_QUEUE}')
+            SELECT job_id, format('%s starts in the {RATE_PERIOD:g} s up to %s', n, started_at)
+            FROM (SELECT a.job_id, a.started_at,
+                         (SELECT count(*) FROM lim b WHERE b.started_at <= a.started_at
+                            AND b.started_at > a.started_at - interval '{RATE_PERIOD} seconds') AS n
+                  FROM lim a) AS w
+            WHERE n > {RATE_LIMIT}""",
+    ),
+    "pause_holds": ("no job of a paused queue started after the pause was acknowledged", ""),
+    "claims_monotonic": (
+        "attempt and claim_epoch never go back over a job's claims (snoozes, requeues, sleeps)",
+        """SELECT job_id, format('claim %s: attempt %s after attempt %s, started %s after %s', claim_epoch,
+                                 attempt, prev_attempt, started_at, prev_started)
+           FROM (SELECT job_id, claim_epoch, attempt, started_at,
+                        lag(attempt) OVER w AS prev_attempt, lag(started_at) OVER w AS prev_started
+                 FROM taskq.job_attempts WINDOW w AS (PARTITION BY job_id ORDER BY claim_epoch)) AS x
+           WHERE attempt < prev_attempt OR started_at < prev_started
+           UNION ALL
+           SELECT job_id, format('claim event %s has claim %s after claim %s', id, epoch, prev_epoch)
+           FROM (SELECT job_id, id, (detail->>'claim_epoch')::bigint AS epoch,
+                        lag((detail->>'claim_epoch')::bigint) OVER (PARTITION BY job_id ORDER BY id) AS prev_epoch
+                 FROM taskq.job_events WHERE kind = 'state_change' AND to_status = 'running'
+                   AND detail ? 'claim_epoch') AS y
+           WHERE epoch <= prev_epoch""",
+    ),
+    "fair_all_terminal": (
+        "every job of the fair queue (keys a and b) terminal",
+        f"""SELECT id, format('key %s: %s', fairness_key, status) FROM taskq.jobs
+            WHERE queue = '{FAIR_QUEUE}' AND status NOT IN {TERMINAL!r}""",
+    ),
+    "step_once": (
+        "a durable step's side effect runs at most once per job (never after a claim stored it)",
+        """SELECT se.job_id, format('step %s ran on claim %s after claim %s stored it', se.step, se.claim_epoch,
+                                    s.claim_epoch)
+           FROM chaos.step_effects se JOIN taskq.job_steps s
+                ON s.job_id = se.job_id AND s.kind = 'step' AND s.name = se.step
+           WHERE se.claim_epoch > s.claim_epoch
+           UNION ALL
+           SELECT s.job_id, format('stored step %s holds %s, which no run of it returned', s.name, s.result)
+           FROM taskq.job_steps s JOIN taskq.jobs j ON j.id = s.job_id AND j.actor = 'chaos.durable'
+           WHERE s.kind = 'step' AND NOT EXISTS (SELECT 1 FROM chaos.step_effects se WHERE se.job_id = s.job_id
+                                                   AND se.step = s.name AND se.token::text = s.result #>> '{}')""",
+    ),
+    "durable_completed": (
+        "every durable job slept, took its signal and succeeded (unless cancelled)",
+        """SELECT id, format('%s (%s) with %s sleeps and %s signals stored', status, coalesce(error_class, '-'),
+                             (SELECT count(*) FROM taskq.job_steps s WHERE s.job_id = j.id AND s.kind = 'sleep'),
+                             (SELECT count(*) FROM taskq.job_steps s WHERE s.job_id = j.id AND s.kind = 'signal'))
+           FROM taskq.jobs j WHERE actor = 'chaos.durable' AND status <> 'cancelled'
+             AND (status <> 'succeeded'
+                  OR NOT EXISTS (SELECT 1 FROM taskq.job_steps s WHERE s.job_id = j.id AND s.kind = 'sleep')
+                  OR (coalesce((payload->>'signal')::boolean, false)
+                      AND NOT EXISTS (SELECT 1 FROM taskq.job_steps s WHERE s.job_id = j.id AND s.kind = 'signal')))""",
+    ),
     "accounted": ("every planned job exists exactly once, and nothing else was enqueued", ""),
     "cancelled_by_operator": ("every cancelled or abandoned job is one the operator cancelled", ""),
     "supervisor_stopped": ("the drained fleet stopped on SIGTERM with exit code 0", ""),
@@ -165,7 +230,8 @@ SELECT (SELECT count(*) FROM chaos.effects),
 
 
 LOSS_SENSITIVE = frozenset({"accounted", "execution_under_claim", "one_execution_per_claim",
-                            "children_from_executions", "result_is_final_execution"})
+                            "children_from_executions", "result_is_final_execution", "pause_holds", "step_once",
+                            "durable_completed"})
 """Chaos checks that a commit lost by a failover breaks by itself (a lost enqueue, a lost claim reissued with
 the same epoch, a lost child): with `expect_loss` they are reported and do not fail the run. The history's I3
 (one execution per claim and worker, no stale result) still does."""
@@ -293,7 +359,7 @@ def _accounting(plan: list[Planned], jobs: list[tuple[Any, ...]]) -> dict[str, l
     found: dict[str, list[str]] = {}
     by_key: dict[str, list[UUID]] = {}
     for job_id, key, _, top_level, _ in jobs:
-        if top_level:
+        if top_level and not (key or "").startswith(KEY_PREFIX):  # the capability jobs: the history's I1
             by_key.setdefault(key, []).append(job_id)
     planned = {p.key: p for p in plan}
     accounted = []

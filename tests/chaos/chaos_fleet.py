@@ -21,7 +21,9 @@ from typing import Any
 from chaos_checks import fetch
 
 APPS = Path(__file__).resolve().parent.parent / "apps"
-APP = "taskq_chaos_app:actors"
+APP = "taskq_chaos_app:app"
+QUEUES = "default,chaos-limited,chaos-capped,chaos-fair,chaos-paused"
+"""The queues the fleet serves (TASKQ_QUEUES): the default one and the capability workload's."""
 RUN_ENV = "TASKQ_CHAOS_RUN"
 """Set to the run's id in the supervisor's environment, so that every process of a run can be told
 apart from a later process that got the same pid (and the actors stamp their effects rows with it)."""
@@ -148,7 +150,8 @@ class SupervisorProcess:
         extra = env or {}
         env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
         self.token = f"{RUN_ENV}={run_id or uuid.uuid4()}"
-        env |= {"TASKQ_DSN": dsn, "PYTHONPATH": str(APPS), RUN_ENV: self.token.split("=", 1)[1]} | extra
+        env |= {"TASKQ_DSN": dsn, "TASKQ_QUEUES": QUEUES, "PYTHONPATH": str(APPS),
+                RUN_ENV: self.token.split("=", 1)[1]} | extra
         self.log_path = workdir / "supervisor.log"
         with open(self.log_path, "wb") as log_file:
             self.proc = subprocess.Popen(args, env=env, stdout=log_file, stderr=subprocess.STDOUT,

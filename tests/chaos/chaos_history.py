@@ -54,7 +54,7 @@ CREATE TABLE IF NOT EXISTS chaos.effects (
     token       uuid        NOT NULL UNIQUE,
     started_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
     finished_at timestamptz,
-    outcome     text        CHECK (outcome IN ('returned', 'raised', 'cancelled')),
+    outcome     text        CHECK (outcome IN ('returned', 'raised', 'cancelled', 'snoozed', 'suspended')),
     result      jsonb,
     children    uuid[],
     run         text        NOT NULL DEFAULT '',
@@ -62,9 +62,20 @@ CREATE TABLE IF NOT EXISTS chaos.effects (
     began_at    timestamptz
 );
 CREATE INDEX IF NOT EXISTS effects_job_idx ON chaos.effects (job_id, claim_epoch);
+CREATE TABLE IF NOT EXISTS chaos.step_effects (
+    id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    run         text        NOT NULL DEFAULT '',
+    job_id      uuid        NOT NULL,
+    step        text        NOT NULL,
+    attempt     integer     NOT NULL,
+    claim_epoch bigint      NOT NULL,
+    token       uuid        NOT NULL UNIQUE,
+    at          timestamptz NOT NULL DEFAULT clock_timestamp()
+);
 """
 """One row per actor execution (tests/apps/taskq_chaos_app.py writes them): `worker` is `host:pid` of
-the worker that ran it, `began_at` the actor's own clock at its start."""
+the worker that ran it, `began_at` the actor's own clock at its start. `chaos.step_effects`: one row per
+run of a durable step's function (chaos.durable), the side effect that must happen once per job."""
 
 HISTORY_DDL = """
 CREATE TABLE IF NOT EXISTS chaos.ops (
@@ -94,6 +105,7 @@ CREATE INDEX IF NOT EXISTS terminal_seen_run_job_idx ON chaos.terminal_seen (run
 
 EFFECT_COLUMNS = ("job_id", "attempt", "claim_epoch", "actor", "isolation", "pid", "token", "started_at",
                   "finished_at", "outcome", "result", "children", "run", "worker", "began_at")
+STEP_COLUMNS = "run, job_id, step, attempt, claim_epoch, token, at"
 
 
 def now() -> datetime:
@@ -260,6 +272,11 @@ async def copy_effects(history_dsn: str, db_dsn: str, run_id: str) -> int:
         async with dst.cursor() as cur, cur.copy(f"COPY chaos.effects ({cols}) FROM STDIN") as copy:
             for row in rows:
                 await copy.write_row(row)
+        steps = await (await src.execute(f"SELECT {STEP_COLUMNS} FROM chaos.step_effects WHERE run = %s ORDER BY id",
+                                         (run_id,))).fetchall()
+        async with dst.cursor() as cur, cur.copy(f"COPY chaos.step_effects ({STEP_COLUMNS}) FROM STDIN") as copy:
+            for row in steps:
+                await copy.write_row(row)
     return len(rows)
 
 
@@ -414,7 +431,7 @@ async def check_history(history: History) -> HistoryResult:
 def figures(history: History, final: dict[UUID, tuple[Any, ...]]) -> dict[str, Any]:
     by = {outcome: sum(o.outcome == outcome for o in history.ops if o.op in ENQUEUE_OPS)
           for outcome in ("ok", "info", "found", "absent")}
-    operator = {}
+    operator: dict[str, int] = {}
     for o in history.ops:
         if o.op not in ENQUEUE_OPS:
             operator[f"{o.op} {o.outcome}"] = operator.get(f"{o.op} {o.outcome}", 0) + 1

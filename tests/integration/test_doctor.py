@@ -122,6 +122,11 @@ async def test_live_workers_are_counted_against_the_sessions_that_listen(dsn: st
         workers = by_name(await diagnose(dsn, transaction_pooler=False))["workers listening"]
         assert workers.status is Status.OK and workers.detail["alive"] == 1, workers
         assert workers.detail["listening"] >= 1 and workers.detail["named"] == 1
+        # its heartbeats report its clock: the same host's, so within a fraction of a second
+        await wait_for(lambda: query(dsn, "SELECT clock_offset FROM taskq.workers")[0][0] is not None)
+        clock = by_name(await diagnose(dsn, transaction_pooler=False))["clock skew"]
+        assert clock.detail["worker"] == worker.worker_id and abs(clock.detail["worker_offset"]) < 0.5, clock
+        assert clock.status is Status.OK
     workers = by_name(await diagnose(dsn, transaction_pooler=False))["workers listening"]
     assert workers.detail["alive"] == 0 and workers.status is Status.OK
 

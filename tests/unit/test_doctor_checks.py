@@ -165,6 +165,12 @@ def test_connections_notify_queue_clock_and_autovacuum_thresholds() -> None:
     assert check(healthy(clock_skew=1.05, clock_uncertainty=0.1), "clock skew").status is Status.OK  # within noise
     assert check(healthy(clock_skew=45.0), "clock skew").status is Status.CRITICAL
     assert check(healthy(server=SERVER | {"autovacuum": False}), "autovacuum").status is Status.CRITICAL
+    # a worker host's clock, as its heartbeats report it
+    skewed = {"alive": 2, "expired": 0, "listening": 2, "named": 2, "hidden": 0, "skewed_worker": "h2:7:ab"}
+    c = check(healthy(workers=skewed | {"worker_clock_offset": -3.25}), "clock skew")
+    assert c.status is Status.WARN and "h2:7:ab" in c.value and "3.250s behind" in c.value
+    assert check(healthy(workers=skewed | {"worker_clock_offset": 0.01}), "clock skew").status is Status.OK
+    assert check(healthy(workers=skewed | {"worker_clock_offset": 60.0}), "clock skew").status is Status.CRITICAL
 
 
 def test_warnings_exit_0_unless_strict_and_a_critical_check_exits_16() -> None:

@@ -29,6 +29,9 @@ OUTSIDE_THE_TREE = {
     # a durable sleep or wait ending the attempt, a BaseException for the same reason; the worker decides by
     # what the JobContext recorded, and docs/durable.md names it
     ("runtime/context.py", "JobSuspended"),
+    # the LISTEN connection's own verdict on itself (a standby, not listening), caught by the listener, which
+    # reconnects; never raised to a caller
+    ("runtime/backend/notify.py", "ListenerUnfit"),
     # an HTTP answer inside the optional web integration, rendered by its own app, never raised to a caller
     ("runtime/web/problems.py", "Problem"),
 }
