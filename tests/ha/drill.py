@@ -14,7 +14,7 @@ What it does:
    server (127.0.0.1:5432) when there is one, else a PostgreSQL of its own (initdb, port 5449);
 3. migrates taskq through the multi-host DSN (`taskq migrate`), then runs `tests/chaos/chaos.py --dsn <it>
    --history-dsn <history> --json-report ... --faults 0` (the only faults are the drill's) as a subprocess;
-4. meanwhile: a prober (4 Hz) asks every node `pg_is_in_recovery()` and, on a primary, commits a one-row
+4. meanwhile (tests/ha/observe.py): a prober (4 Hz) asks every node `pg_is_in_recovery()` and, on a primary, commits a one-row
    write (within 0.8 s, or it does not count), into the history; a fault driver injects one fault at a time,
    at least GAP seconds apart, each kind in turn: kill_leader (SIGKILL of Patroni and PostgreSQL, the node
    restarted once a new leader runs), switchover (REST), stop_patroni (SIGSTOP of the leader's Patroni past
@@ -53,17 +53,12 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from cluster import OS_USER, PG_BIN, TTL, Cluster, missing_tools
+from cluster import TTL, Cluster, missing_tools
+from observe import HISTORY_DDL, PROBE_DB, PROBE_DDL, PROBE_INTERVAL, HistoryServer, Prober, count_listeners
 
 REPO = Path(__file__).resolve().parents[2]
 CHAOS = REPO / "tests" / "chaos" / "chaos.py"
 CHAOS_DB = "taskq_chaos"
-PROBE_DB = "ha_probe"
-SYSTEM_HISTORY = "host=127.0.0.1 port=5432 dbname=test user=postgres connect_timeout=2"
-HISTORY_PORT = 5449
-PROBE_INTERVAL = 0.25
-PROBE_BUDGET = 0.8
-"""A probe that takes longer than this did not succeed (a write waiting for a standby that will not come)."""
 LATE = 5.0
 """A job whose first execution began more than this after it was enqueued started late."""
 GAP = 20.0
@@ -79,17 +74,6 @@ ESTIMATE = {"switchover": 20.0, "kill_leader": 35.0, "stop_patroni": 42.0, "part
             "kill_sync_replica": 22.0}
 """Seconds from a fault's start to the next one's (measured: its own time, the cluster healthy again, GAP at
 least); chaos.py's window is sized so that every fault falls while the workload still enqueues."""
-PROBE_DDL = "CREATE TABLE IF NOT EXISTS beats (id bigint GENERATED ALWAYS AS IDENTITY, node text, at timestamptz " \
-            "DEFAULT clock_timestamp())"
-HISTORY_DDL = """
-CREATE SCHEMA IF NOT EXISTS ha;
-CREATE TABLE IF NOT EXISTS ha.probes (tick double precision, node text, reachable boolean, in_recovery boolean,
-                                      write_ok boolean);
-CREATE TABLE IF NOT EXISTS ha.faults (n integer, kind text, started double precision, ended double precision,
-                                      detail text);
-CREATE TABLE IF NOT EXISTS ha.listeners (at double precision, port integer, listening integer);
-"""
-
 
 def log(message: str) -> None:
     print(f"[drill {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
@@ -160,149 +144,6 @@ class DrillResult:
 
 
 # -- the history database -----------------------------------------------------------------------------------
-
-
-class HistoryServer:
-    """Where the history goes: a database of its own on a server outside the cluster."""
-
-    def __init__(self, root: Path, given: str | None) -> None:
-        self.root = root
-        self.given = given
-        self.admin: str | None = None
-        self.dbname = f"taskq_ha_{os.getpid()}_{int(time.time())}"
-        self.where = ""
-        self._pgdata: Path | None = None
-
-    def start(self) -> str:
-        if self.given:
-            self.where = "given (--history-dsn)"
-            return self.given
-        if os.environ.get("TASKQ_HA_HISTORY") != "dedicated":
-            with contextlib.suppress(psycopg.Error):
-                with psycopg.connect(SYSTEM_HISTORY, autocommit=True) as conn:
-                    conn.execute(f"CREATE DATABASE {self.dbname}")
-                self.admin, self.where = SYSTEM_HISTORY, "system server 127.0.0.1:5432"
-        if self.admin is None:
-            self._pgdata = self.root / "history"
-            self._pgdata.mkdir(parents=True)
-            shutil.chown(self._pgdata, OS_USER, OS_USER)
-            self._run(str(PG_BIN / "initdb"), "-A", "trust", "-U", "postgres", "-D", str(self._pgdata))
-            self._run(str(PG_BIN / "pg_ctl"), "-w", "-D", str(self._pgdata), "-l", str(self._pgdata / "log"), "-o",
-                      f"-c listen_addresses=127.0.0.1 -p {HISTORY_PORT} -k {self._pgdata} -c fsync=off", "start")
-            self.admin = f"host=127.0.0.1 port={HISTORY_PORT} dbname=postgres user=postgres connect_timeout=2"
-            with psycopg.connect(self.admin, autocommit=True) as conn:
-                conn.execute(f"CREATE DATABASE {self.dbname}")
-            self.where = f"dedicated PostgreSQL 15 on 127.0.0.1:{HISTORY_PORT}"
-        return psycopg.conninfo.make_conninfo(self.admin, dbname=self.dbname)
-
-    def _run(self, *args: str) -> None:
-        with open(self.root / "history-server.out", "ab") as out:
-            done = subprocess.run(args, user=OS_USER, cwd="/", stdout=out, stderr=subprocess.STDOUT, timeout=120)
-        if done.returncode:
-            raise RuntimeError(f"{args[0]} failed ({done.returncode}); see {self.root / 'history-server.out'}")
-
-    def close(self) -> None:
-        if self._pgdata is not None:
-            with contextlib.suppress(Exception):
-                self._run(str(PG_BIN / "pg_ctl"), "-w", "-D", str(self._pgdata), "-m", "immediate", "stop")
-        elif self.admin is not None:
-            with contextlib.suppress(psycopg.Error), psycopg.connect(self.admin, autocommit=True) as conn:
-                conn.execute(f"DROP DATABASE IF EXISTS {self.dbname} WITH (FORCE)")
-
-
-# -- the prober and the LISTEN watcher ------------------------------------------------------------------------
-
-
-class Prober:
-    """Every PROBE_INTERVAL, each node: reachable? in recovery? on a primary, does a one-row write commit
-    within PROBE_BUDGET? A probe still hanging at the next tick counts as unreachable (a frozen or cut-off
-    node), without waiting for it."""
-
-    def __init__(self, cluster: Cluster, history_dsn: str) -> None:
-        self.cluster, self.history_dsn = cluster, history_dsn
-        self.rows: list[tuple[float, str, bool, bool | None, bool]] = []
-        self._conns: dict[str, psycopg.AsyncConnection[Any] | None] = dict.fromkeys(cluster.nodes)
-        self._pending: dict[str, asyncio.Task[tuple[float, str, bool, bool | None, bool]]] = {}
-        self.flushed = 0
-
-    async def run(self, stop: asyncio.Event) -> None:
-        loop = asyncio.get_running_loop()
-        flusher = loop.create_task(self._flusher(stop))
-        while not stop.is_set():
-            tick = time.time()
-            for name in self.cluster.nodes:
-                task = self._pending.get(name)
-                if task is not None and not task.done():
-                    self.rows.append((tick, name, False, None, False))
-                    continue
-                self._pending[name] = task = loop.create_task(self._probe(name, tick))
-                task.add_done_callback(self._record)
-            await asyncio.sleep(max(0.0, tick + PROBE_INTERVAL - time.time()))
-        for task in self._pending.values():
-            task.cancel()
-        await asyncio.gather(*self._pending.values(), return_exceptions=True)
-        for conn in self._conns.values():
-            if conn is not None:
-                with contextlib.suppress(Exception):
-                    await conn.close()  # a socket close: no round trip to a server that may not answer
-        await flusher
-
-    def _record(self, task: asyncio.Task[tuple[float, str, bool, bool | None, bool]]) -> None:
-        if not task.cancelled():
-            self.rows.append(task.result())
-
-    async def _probe(self, name: str, tick: float) -> tuple[float, str, bool, bool | None, bool]:
-        conn = self._conns[name]
-        in_recovery: bool | None = None
-        try:
-            async with asyncio.timeout(PROBE_BUDGET):
-                if conn is None or conn.closed:
-                    conn = self._conns[name] = await psycopg.AsyncConnection.connect(
-                        self.cluster.nodes[name].dsn(PROBE_DB), autocommit=True)
-                cur = await conn.execute("SELECT pg_is_in_recovery()")
-                row = await cur.fetchone()
-                in_recovery = bool(row[0]) if row else None
-                if in_recovery is False:
-                    await conn.execute("INSERT INTO beats (node) VALUES (%s)", [name])
-                    return tick, name, True, False, True
-                return tick, name, True, in_recovery, False
-        except Exception:
-            self._conns[name] = None
-            if conn is not None:
-                with contextlib.suppress(Exception):
-                    await conn.close()  # a socket close: no round trip to a server that may not answer
-            return tick, name, in_recovery is not None, in_recovery, False
-
-    async def _flusher(self, stop: asyncio.Event) -> None:
-        async with await psycopg.AsyncConnection.connect(self.history_dsn, autocommit=True) as conn:
-            while True:
-                rows, self.flushed = self.rows[self.flushed:], len(self.rows)
-                if rows:
-                    async with conn.cursor() as cur:
-                        await cur.executemany("INSERT INTO ha.probes VALUES (%s, %s, %s, %s, %s)", rows)
-                if stop.is_set() and self.flushed == len(self.rows):
-                    return
-                await asyncio.sleep(1.0)
-
-
-async def count_listeners(dsn: str) -> tuple[int, int] | None:
-    """(server port, distinct workers idle in LISTEN) on the primary the multi-host DSN reaches."""
-    with contextlib.suppress(Exception):
-        async with asyncio.timeout(3.0):
-            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-                # one idle LISTEN session per worker: named `taskq-listener <worker id>`, or (older builds)
-                # known by its last statement, the LISTEN or the listener's probe of itself
-                cur = await conn.execute(
-                    "SELECT inet_server_port(), count(*) FROM pg_stat_activity WHERE wait_event = 'ClientRead' "
-                    "AND pid <> pg_backend_pid() AND (application_name LIKE 'taskq-listener %' "
-                    "OR query ILIKE 'LISTEN%' OR query LIKE '%pg_listening_channels()%')")
-                row = await cur.fetchone()
-                if row is not None:
-                    return int(row[0]), int(row[1])
-    return None
-
-
-# -- the fault driver ------------------------------------------------------------------------------------------
 
 
 class FaultDriver:
