@@ -14,13 +14,14 @@ What it does:
    server (127.0.0.1:5432) when there is one, else a PostgreSQL of its own (initdb, port 5449);
 3. migrates taskq through the multi-host DSN (`taskq migrate`), then runs `tests/chaos/chaos.py --dsn <it>
    --history-dsn <history> --json-report ... --faults 0` (the only faults are the drill's) as a subprocess;
-4. meanwhile (tests/ha/observe.py): a prober (4 Hz) asks every node `pg_is_in_recovery()` and, on a primary, commits a one-row
-   write (within 0.8 s, or it does not count), into the history; a fault driver injects one fault at a time,
-   at least GAP seconds apart, each kind in turn: kill_leader (SIGKILL of Patroni and PostgreSQL, the node
-   restarted once a new leader runs), switchover (REST), stop_patroni (SIGSTOP of the leader's Patroni past
-   the ttl: without a watchdog the old primary stays up), partition_leader (iptables, see cluster.py),
-   kill_sync_replica; in the async leg the WAL stream to the replicas is dropped (iptables) 2 s before each
-   kill_leader (lag injection); after each fault a watcher counts the workers LISTENing on the primary;
+4. meanwhile: a prober (4 Hz, tests/ha/observe.py) asks every node `pg_is_in_recovery()` and, on a primary,
+   commits a one-row write (within 0.8 s, or it does not count), into the history; a fault driver injects one
+   fault at a time, at least GAP seconds apart, each kind in turn: kill_leader (SIGKILL of Patroni and
+   PostgreSQL, the node restarted once a new leader runs), switchover (REST), stop_patroni (SIGSTOP of the
+   leader's Patroni past the ttl: without a watchdog the old primary stays up), partition_leader (iptables,
+   see cluster.py), kill_sync_replica; in the async leg the WAL stream to the replicas is dropped (iptables) 2
+   s before each kill_leader (lag injection); after each fault a watcher counts the workers LISTENing on the
+   primary;
 5. reports per fault: write unavailability (prober), the client's longest gap between acknowledged enqueues
    against the database's own gap (the probe's writes that survived), time until every worker listens on the
    new primary, jobs started late, self-fences (worker exit 12); prints a table, writes JSON (`--json`).
