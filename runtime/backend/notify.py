@@ -232,7 +232,8 @@ async def open_listener(dsn: str, *, connect_timeout: float = 10.0, worker_id: s
                         ) -> AsyncConnection[Any]:
     """A dedicated autocommit connection, with TCP keepalives and a user timeout (TCP_KEEPALIVES), that
     LISTENs on every taskq channel, on a primary (ListenerUnfit on a standby: LISTEN there would hear
-    nothing), named after `worker_id` (LISTENER_APPLICATION_NAME). The worker's listener reads `notifies()` from it, probes it (`probe_listener`) and closes it."""
+    nothing), named after `worker_id` (LISTENER_APPLICATION_NAME). The worker's listener reads `notifies()`
+    from it, probes it (`probe_listener`) and closes it."""
     options: dict[str, Any] = keepalive_kwargs(dsn)
     if worker_id is not None:
         options["application_name"] = LISTENER_APPLICATION_NAME + worker_id

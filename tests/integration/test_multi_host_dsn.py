@@ -80,7 +80,7 @@ async def test_a_dsn_whose_every_host_refuses_writes_is_a_clear_error(dsn: str) 
     text = str(caught.value)
     assert "every host failed" in text and "target_session_attrs=read-write" in text, text
     settings = WorkerSettings(dsn=multi)
-    with pytest.raises(DatabaseUnavailable, match="needs the primary|no host of the DSN takes writes"):
+    with pytest.raises(DatabaseUnavailable, match=r"needs the primary|no host of the DSN takes writes"):
         await worker_main_async(settings, registry(), handle_signals=False)
 
 
@@ -88,7 +88,7 @@ async def test_a_worker_on_a_read_only_server_without_target_session_attrs_refus
                                                                                           client: Any) -> None:
     plain = read_only(dsn)
     settings = WorkerSettings(dsn=plain)
-    with pytest.raises(DatabaseUnavailable, match="cannot take writes.*target_session_attrs=read-write"):
+    with pytest.raises(DatabaseUnavailable, match=r"cannot take writes.*target_session_attrs=read-write"):
         await worker_main_async(settings, registry(), worker=Worker(settings, registry()), handle_signals=False)
     # a client may read there, and its first write says why it failed, with nothing written
     async with await JobsClient.connect(plain) as reader:

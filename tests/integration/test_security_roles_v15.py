@@ -445,6 +445,8 @@ def test_who_may_execute_each_security_definer_function(roles: Roles, dsn: str) 
         "audit_session_v18(text,text,uuid,text,text,text,jsonb)": {"client"},
         "audit_write_v18(text,text,text,text,text,text,bigint,jsonb,uuid[],text[],bigint[],text[])": {"web"},
         "token_create_v18(text,text,text[],text)": {"admin"},
+        # a count for autoscalers and doctor (migration 19); the optional monitor role is not made here
+        "queue_depth_v19(text[])": {"client", "web", "worker"},
     }
     rows = query(dsn, "SELECT p.oid::regprocedure::text, p.oid FROM pg_proc AS p JOIN pg_namespace AS n"
                       " ON n.oid = p.pronamespace WHERE n.nspname = 'taskq' AND p.prosecdef")
