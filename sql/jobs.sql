@@ -458,6 +458,14 @@ WITH i AS (
                          %(first_traces)b::jsonb[], %(wait_kinds)b::text[], %(wait_signals)b::text[])
         AS t(id, attempt, epoch, status, result, error_class, error_message, retry_delay, outcome, detail,
              first_trace, wait_kind, wait_signal)
+), locked AS (
+    -- LOCK ORDER (runtime/backend/workers.py): the rows are locked here, in id order, whatever join the
+    -- planner picks for the UPDATE below (a hash join that scans jobs would take them in the table's order,
+    -- and deadlock against a bulk cancel); the UPDATE then writes rows this transaction already holds
+    SELECT j.id FROM taskq.jobs AS j JOIN i ON i.id = j.id
+    WHERE coalesce(j.status, '') = 'running' AND j.claim_epoch = i.epoch AND j.worker_id = %(worker_id)s
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j
 ), upd AS (
     -- the cancel request is read from the locked row (not from the statement's snapshot), so a request
     -- that commits while this statement waits for the row lock is honoured too
@@ -494,7 +502,7 @@ WITH i AS (
         -- a traced retry: its attempt's span, for the later attempts' links (taskq.contrib.otel)
         trace_context = CASE WHEN i.first_trace IS NULL THEN j.trace_context
                              ELSE coalesce(j.trace_context, '{}'::jsonb) || i.first_trace END
-    FROM i
+    FROM i JOIN locked AS l ON l.id = i.id
     -- the fence on status is written as coalesce(j.status, '') (status is NOT NULL: the same test) so that
     -- the planner cannot use the partial index jobs_running_lease_idx here: whenever the last ANALYZE saw
     -- few running rows, the generic plan hash-joined the batch with a full scan of that index, every
@@ -540,6 +548,9 @@ WITH i AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(epochs)s::bigint[], %(unsafe)s::bool[])
         AS t(id, attempt, epoch, unsafe)
 ), verdict AS (
+    -- LOCK ORDER (runtime/backend/workers.py): the rows are locked here, in id order, whatever join the
+    -- planner picks for the UPDATE below; the verdict reads each row as locked (a cancel request that
+    -- committed while this waited for the row is seen)
     SELECT j.id, j.attempt, j.claim_epoch,
            CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
                 WHEN j.schedule_to_close IS NOT NULL AND j.schedule_to_close <= now() THEN 'failed'
@@ -550,6 +561,8 @@ WITH i AS (
     -- coalesce: by primary key, never a scan of jobs_running_lease_idx (see job_finish_batch)
     WHERE coalesce(j.status, '') = 'running' AND j.attempt = i.attempt AND j.claim_epoch = i.epoch
       AND j.worker_id = %(worker_id)s
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j
 ), upd AS (
     UPDATE taskq.jobs AS j SET
         revision = j.revision + 1,

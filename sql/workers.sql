@@ -68,8 +68,18 @@ WHERE worker_id = %(worker_id)s AND status = 'running' AND cancel_requested_at I
 -- example after a long freeze, and its lease losses may be gone with it): check every row we think we
 -- hold, renew the lock of each one still ours (fenced on claim_epoch), and return its cancel flags.
 -- A row missing from the result is lost.
+-- LOCK ORDER (runtime/backend/workers.py): `locked` takes the rows in id order, whatever join the planner
+-- picks for the UPDATE.
+WITH h AS (
+    SELECT * FROM unnest(%(ids)b::uuid[], %(epochs)b::bigint[]) AS h(id, epoch)
+), locked AS (
+    SELECT j.id FROM taskq.jobs AS j JOIN h ON h.id = j.id
+    WHERE j.claim_epoch = h.epoch AND j.status = 'running' AND j.worker_id = %(worker_id)s
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j
+)
 UPDATE taskq.jobs AS j SET revision = j.revision + 1, lock_expires_at = now() + %(lock_timeout)s::float8 * interval '1 second'
-FROM unnest(%(ids)b::uuid[], %(epochs)b::bigint[]) AS h(id, epoch)
+FROM h JOIN locked AS l ON l.id = h.id
 WHERE j.id = h.id AND j.claim_epoch = h.epoch AND j.status = 'running' AND j.worker_id = %(worker_id)s
 RETURNING j.id, j.claim_epoch, j.cancel_phase;
 

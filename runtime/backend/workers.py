@@ -4,10 +4,11 @@ Like `taskq.backend`, this module only runs named queries from `taskq.sql`; ever
 row is fenced on (id, status='running', attempt, claim_epoch, worker_id).
 
 LOCK ORDER. Every statement that locks several job rows and waits for them takes them in id order, so that
-two of them wait for each other instead of deadlocking: the bulk cancel and requeue, the workflow cancel
-and the dependency cascade sort in SQL (`ORDER BY id ... FOR UPDATE`); the batched finish, the release and
-the reconcile lock their rows in the order of the arrays they are sent, which this module sorts. The claim,
-the sweeper and the pruner skip locked rows (SKIP LOCKED) and never wait.
+two of them wait for each other instead of deadlocking: the bulk cancel and requeue, the workflow cancel,
+the dependency cascade, the batched finish, the release and the reconcile each lock their rows in SQL
+(`ORDER BY id ... FOR [NO KEY] UPDATE`) before writing them, whatever join the planner picks for the write
+(the order of an UPDATE ... FROM unnest(...) is the plan's, not the array's). The claim, the sweeper and
+the pruner skip locked rows (SKIP LOCKED) and never wait.
 """
 
 from __future__ import annotations
@@ -272,8 +273,7 @@ class WorkerStore:
         cur = await conn.execute(
             sql.query("heartbeat_reconcile"),
             {"worker_id": self.worker_id, "lock_timeout": lock_timeout,
-             # in id order, as every statement that locks several job rows (LOCK ORDER, module docstring)
-             "ids": [h[0] for h in sorted(held)], "epochs": [h[1] for h in sorted(held)]},
+             "ids": [h[0] for h in held], "epochs": [h[1] for h in held]},
             prepare=False,
         )
         return {job_id: HeldRow(epoch, phase) for job_id, epoch, phase in await cur.fetchall()}
@@ -294,8 +294,6 @@ class WorkerStore:
 
     async def finish_batch_in(self, conn: AsyncConnection[Any], items: Sequence[Finish]) -> dict[UUID, str]:
         """finish_batch on `conn`, in whatever transaction it has open (ctx.transaction())."""
-        if len(items) > 1:  # rows are locked in the array's order: id order (LOCK ORDER, module docstring)
-            items = sorted(items, key=lambda f: f.job_id)
         params = {
             "worker_id": self.worker_id,
             "ids": [f.job_id for f in items],
@@ -322,14 +320,12 @@ class WorkerStore:
         if not held:
             return {}
         flags = list(unsafe) if unsafe is not None else [False] * len(held)
-        order = sorted(range(len(held)), key=lambda i: held[i][0])  # id order (LOCK ORDER, module docstring)
-        held, unsafe = [held[i] for i in order], [flags[i] for i in order]
         async with self.pool.connection() as conn:
             cur = await conn.execute(
                 sql.query("job_release_batch"),
                 {"worker_id": self.worker_id, "ids": [h[0] for h in held],
                  "attempts": [h[1] for h in held], "epochs": [h[2] for h in held],
-                 "unsafe": unsafe},
+                 "unsafe": flags},
             )
             return {row[0]: row[1] for row in await cur.fetchall()}
 

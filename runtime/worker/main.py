@@ -450,6 +450,7 @@ class Worker:
         # releases asked for by consumers the teardown cancelled are still written (Releaser)
         if not await p.releaser.settled(self.step_budget()):
             log.warning("releases not written in time: left to the sweeper once their lease runs out")
+            await p.releaser.abandon()
         await self._final_step(p.store.deregister(), "deregistering the worker")
         await p.backend.close(timeout=self.step_budget() if self.db_in_doubt() else 5.0)
 

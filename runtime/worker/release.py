@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from taskq.exitcodes import ExitCode
@@ -36,6 +36,8 @@ class Releaser:
 
     BATCH = 1000
     """Rows per release statement."""
+    RECHECK = 0.1
+    """Seconds between two looks at the budget while a release waits."""
 
     def __init__(self, store: WorkerStore, state: WorkerState, hooks: Hooks, *,
                  budget: Callable[[], float]) -> None:
@@ -103,11 +105,9 @@ class Releaser:
         # bounded: with the database gone, the pool would wait its own timeout for a connection, past the
         # end of the stop, and a release still waiting when the stop ends is a job the summary would miss
         try:
-            outcome = await asyncio.wait_for(
+            outcome = await self._within_budget(
                 self._store.release_batch([(e.id, e.attempt, e.claim_epoch) for e in todo],
-                                          [e.effect_unknown for e in todo]),
-                self._budget(),
-            )
+                                          [e.effect_unknown for e in todo]))
         except BaseException as exc:
             # nothing more to try before the exit: the rows stay held until their lease runs out, then any
             # sweeper retries them (the attempt counts, as for a crash)
@@ -136,6 +136,35 @@ class Releaser:
             else:
                 state.summary["released"].append(str(e.id))
         return outcome
+
+    async def _within_budget(self, write: Coroutine[Any, Any, dict[UUID, str]]) -> dict[UUID, str]:
+        """Await `write` while it has been waiting less than budget() seconds. The budget is asked again as
+        the write waits: a release that began while the database looked healthy (the pool's reconnection
+        series) gives up as soon as the worker learns the database is gone (a few seconds), so the stop still
+        ends before its watchdog."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        task = loop.create_task(write)
+        try:
+            while True:
+                left = started + self._budget() - loop.time()
+                if left <= 0:
+                    raise TimeoutError(f"no answer in {loop.time() - started:.1f}s")
+                done, _ = await asyncio.wait({task}, timeout=min(left, self.RECHECK))
+                if done:
+                    return task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    async def abandon(self) -> None:
+        """The stop is ending: a release still waiting for the database is given up (its rows are left to
+        the sweeper and recorded as not released)."""
+        writer = self._writer
+        if writer is not None and not writer.done():
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
 
     async def release_unstarted(self, jobs: Sequence[ClaimedJob]) -> None:
         """Rows claimed after the stop began: given back before any actor ran."""
