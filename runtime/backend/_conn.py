@@ -3,6 +3,7 @@ from a failed statement. Shared by the async and the sync backend and by the sup
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -12,7 +13,7 @@ from uuid import UUID
 import psycopg
 from psycopg import AsyncConnection, Connection
 from psycopg.conninfo import conninfo_to_dict
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed
 
 from taskq.dsn import redact_dsn
 from taskq.exceptions import DatabaseUnavailable
@@ -137,11 +138,56 @@ def read_only_reason(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any
     return None
 
 
+RECONNECT_SERIES = 2.0
+"""Seconds of one series of a pool's reconnection attempts (see SteadyRetry)."""
+
+
+class SteadyRetry:
+    """A pool's reconnection, kept at a steady pace while the server is away. psycopg_pool doubles the delay
+    between attempts within one series of `reconnect_timeout` seconds (1, 2, 4, 8, 16 s...), so a pool that
+    lost its server for the 20 s of a failover may try next 10 s after the new primary took writes, and every
+    request waits that long. Here a series lasts RECONNECT_SERIES seconds (attempts after 0, 1 and 2 s) and a
+    failed series starts the next one at once (`pool.check()`, public: it grows an empty pool by one), for
+    `retry_for` seconds from the outage's first failed series: the pool connects within about a second of
+    the server's return. Past `retry_for` it waits for a request to try again, as psycopg_pool does."""
+
+    def __init__(self, retry_for: float) -> None:
+        self.retry_for = retry_for
+        self._since: float | None = None
+        self._succeeded = -1
+
+    def should_retry(self, stats: dict[str, int]) -> bool:
+        """Called when a series failed; `stats` is the pool's get_stats()."""
+        succeeded = stats.get("connections_num", 0) - stats.get("connections_errors", 0)
+        now = time.monotonic()
+        if self._since is None or succeeded != self._succeeded:  # a connection came since: a new outage
+            self._since, self._succeeded = now - RECONNECT_SERIES, succeeded
+        return stats.get("pool_available", 0) == 0 and now - self._since < self.retry_for
+
+
+async def _next_series_async(pool: AsyncConnectionPool[Any]) -> None:
+    if isinstance(pool, ReadWritePool) and pool.steady.should_retry(pool.get_stats()) and not pool.closed:
+        with contextlib.suppress(PoolClosed):
+            await pool.check()
+
+
+def _next_series_sync(pool: ConnectionPool[Any]) -> None:
+    if isinstance(pool, ReadWritePoolSync) and pool.steady.should_retry(pool.get_stats()) and not pool.closed:
+        with contextlib.suppress(PoolClosed):
+            pool.check()
+
+
 class ReadWritePool(AsyncConnectionPool[AsyncConnection[Any]]):
     """A pool that never serves a connection whose server cannot take writes: one returned read-only is
     closed (the pool opens another, which `target_session_attrs=read-write` sends to the primary). Each
     write on it would otherwise fail with SQLSTATE 25006 for as long as the connection lived. The check
-    reads what the server last reported, so it costs no round trip."""
+    reads what the server last reported, so it costs no round trip. It reconnects at a steady pace
+    (SteadyRetry) for `reconnect_timeout` seconds of an outage."""
+
+    def __init__(self, conninfo: str = "", *, reconnect_timeout: float = 300.0, **kwargs: Any) -> None:
+        self.steady = SteadyRetry(reconnect_timeout)
+        super().__init__(conninfo, reconnect_timeout=min(RECONNECT_SERIES, reconnect_timeout),
+                         reconnect_failed=_next_series_async, **kwargs)
 
     async def putconn(self, conn: AsyncConnection[Any]) -> None:
         reason = read_only_reason(conn)
@@ -153,6 +199,11 @@ class ReadWritePool(AsyncConnectionPool[AsyncConnection[Any]]):
 
 class ReadWritePoolSync(ConnectionPool[Connection[Any]]):
     """ReadWritePool for the sync client."""
+
+    def __init__(self, conninfo: str = "", *, reconnect_timeout: float = 300.0, **kwargs: Any) -> None:
+        self.steady = SteadyRetry(reconnect_timeout)
+        super().__init__(conninfo, reconnect_timeout=min(RECONNECT_SERIES, reconnect_timeout),
+                         reconnect_failed=_next_series_sync, **kwargs)
 
     def putconn(self, conn: Connection[Any]) -> None:
         reason = read_only_reason(conn)

@@ -138,10 +138,9 @@ class SyncBackend:
     ) -> Self:
         """Connect once to report a clear error (and check the schema), then open the pool.
 
-        `reconnect_timeout` bounds one series of reconnection attempts, whose delays double each time
-        (psycopg_pool); the next request for a connection starts a new series from one second. A short
-        value keeps a long outage from growing the delays so much that the pool stays empty for as long
-        again after the server is back.
+        `reconnect_timeout`: for how many seconds of an outage the pool keeps trying to reconnect in the
+        background, about once a second (backend._conn.SteadyRetry), so that it connects within about a
+        second of the server's return (a failover's new primary); past that, the next request tries again.
 
         `worker_id` names a worker's connections (see WORKER_APPLICATION_NAME), at connect time, with no
         extra round trip. `transaction_pooler`: `dsn` goes through PgBouncer in transaction mode, or the like."""

@@ -164,8 +164,9 @@ def must_self_fence(silent_for: float, *, lock_timeout: float, holding: bool) ->
 # -- shutdown budgets ---------------------------------------------------------------------------------
 
 POOL_RECONNECT_TIMEOUT = 10.0
-"""Seconds of one series of pool reconnection attempts: their delays (1, 2, 4 s...) restart from one
-second after it, so the worker gets connections back within seconds of the end of an outage."""
+"""Seconds of an outage for which the worker's pool keeps reconnecting in the background, about once a
+second (backend._conn.SteadyRetry); past that its own requests (heartbeat, claim) keep trying. It gets
+connections back within about a second of the end of an outage either way."""
 LOST_LEASES_FINAL_STEP_BUDGET = 2.0
 """Seconds each final database step (writes, deregistration) may take once the database stopped answering,
 at most: never more than leaves the exit EXIT_MARGIN before the shutdown watchdog."""

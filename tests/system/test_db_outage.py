@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 import warnings
@@ -372,10 +373,10 @@ def test_a_stop_after_the_pool_lost_every_connection_still_reports_its_job_left_
 def test_an_idle_worker_rides_out_a_long_outage_and_works_again_within_seconds(
     server: DedicatedServer, dsn: str, spawn_worker: Any
 ) -> None:
-    """With no job held there is no lease to lose: the worker waits for the database. Its pool's
-    reconnection delays restart every POOL_RECONNECT_TIMEOUT (10 s) instead of doubling through the
-    whole outage (psycopg_pool's default: 1, 2, 4, 8, 16 s... for 5 minutes), so it is back within
-    seconds of the server rather than up to an outage's length later."""
+    """With no job held there is no lease to lose: the worker waits for the database. Its pool reconnects
+    at a steady pace (backend._conn.SteadyRetry) instead of doubling its delays through the whole outage
+    (psycopg_pool's default: 1, 2, 4, 8, 16 s... for 5 minutes), so it is back within seconds of the
+    server rather than up to an outage's length later."""
     w = spawn_worker(heartbeat_interval=0.3, lock_timeout=1.0)
     w.worker_id()
     # registered is not started: the worker's own start (actor limits, take-over, schedules) still goes
@@ -438,3 +439,67 @@ def test_client_and_cli_report_a_stopped_server_clearly_without_the_password(
             assert len(await client.list_jobs()) == 2
 
     asyncio.run(scenario())
+
+
+def test_clients_reconnect_within_seconds_of_the_servers_return_however_long_it_was_away(
+    server: DedicatedServer, dsn: str
+) -> None:
+    """A failover's new primary takes writes after 15-25 s. psycopg_pool alone doubles its reconnection
+    delays through an outage (attempts after 1, 3, 7, 15, 31 s), so a producer would wait up to ~15 s more
+    after the server is back. The pools retry at a steady pace (backend._conn.SteadyRetry): the async and
+    the sync client, each enqueueing in a loop through the outage, acknowledge again within seconds."""
+    from taskq.client_sync import SyncJobsClient
+
+    outage = 16.0
+    back: dict[str, float] = {}
+    restarted = threading.Event()
+
+    def sync_producer(client: SyncJobsClient) -> None:
+        while "sync" not in back:
+            try:
+                client.enqueue("outage.job", {"n": "sync"})
+            except DatabaseUnavailable:
+                time.sleep(0.2)
+                continue
+            if restarted.is_set():
+                back["sync"] = time.monotonic()
+            else:
+                time.sleep(0.2)
+
+    async def scenario() -> None:
+        sync_client = SyncJobsClient.connect(dsn, timeout=2.0)
+        try:
+            async with await JobsClient.connect(dsn, timeout=2.0) as client:
+                await client.enqueue("outage.job", {"n": 0})
+                sync_client.enqueue("outage.job", {"n": 0})
+                thread = threading.Thread(target=sync_producer, args=(sync_client,), daemon=True)
+                stopped_at = server.stop()
+                thread.start()
+                failures = 0
+                restart_task = None
+                while "async" not in back:
+                    if restart_task is None and time.monotonic() - stopped_at >= outage:
+                        restart_task = asyncio.create_task(asyncio.to_thread(server.start))
+                    try:
+                        await client.enqueue("outage.job", {"n": "async"})
+                    except DatabaseUnavailable:
+                        failures += 1
+                        await asyncio.sleep(0.2)
+                        continue
+                    assert restart_task is not None, "an enqueue was acknowledged while the server was down"
+                    back["async"] = time.monotonic()
+                assert restart_task is not None
+                back["restarted"] = await restart_task
+                restarted.set()
+                thread.join(timeout=30)
+                assert failures > 0
+        finally:
+            sync_client.close()
+
+    asyncio.run(scenario())
+    assert "sync" in back, "the sync client did not acknowledge an enqueue within 30 s of the restart"
+    for face in ("async", "sync"):
+        # pg_ctl -w returns once the server accepts connections; a pool's next attempt is at most ~1 s away
+        assert back[face] - back["restarted"] < 3.0, (face, back[face] - back["restarted"])
+    print(f"\nafter a {outage:.0f} s outage: async client back {back['async'] - back['restarted']:.2f} s, sync client "
+          f"{back['sync'] - back['restarted']:.2f} s after the server")
