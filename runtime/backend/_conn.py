@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
@@ -177,17 +178,48 @@ def _next_series_sync(pool: ConnectionPool[Any]) -> None:
             pool.check()
 
 
+class AbandoningConnection(AsyncConnection[Any]):
+    """A worker's connection. When a task awaiting a statement is cancelled, psycopg asks the server to cancel
+    the statement (`cancel_safe`). A COMMIT that waits for a synchronous standby is already written on this
+    server: a cancel makes it visible here without replication (PostgreSQL's "canceling wait for synchronous
+    replication"), and on a primary cut off from its standbys (a failover under way) that is a finished job
+    a reader sees which the new primary never had, and pg_rewind later reverts. So once `abandon()` says the
+    database is in doubt (the worker lost its leases, a release failed, heartbeats fail) the connection is
+    closed instead: its server session may still finish the statement, but nothing waiting for a standby is
+    made visible by taskq. A healthy database still gets the cancel (a claim cancelled at a stop is rolled
+    back rather than left to commit for a worker on its way out)."""
+
+    abandon: Callable[[], bool] | None = None
+
+    async def cancel_safe(self, *, timeout: float = 30.0) -> None:
+        if self.abandon is not None and self.abandon():
+            log.warning("closing a connection with a statement in flight instead of cancelling it (the database "
+                        "is in doubt; see AbandoningConnection)")
+            self.pgconn.finish()
+            return
+        await super().cancel_safe(timeout=timeout)
+
+
 class ReadWritePool(AsyncConnectionPool[AsyncConnection[Any]]):
     """A pool that never serves a connection whose server cannot take writes: one returned read-only is
     closed (the pool opens another, which `target_session_attrs=read-write` sends to the primary). Each
     write on it would otherwise fail with SQLSTATE 25006 for as long as the connection lived. The check
     reads what the server last reported, so it costs no round trip. It reconnects at a steady pace
-    (SteadyRetry) for `reconnect_timeout` seconds of an outage."""
+    (SteadyRetry) for `reconnect_timeout` seconds of an outage. With `abandon` (a worker's pool), its
+    connections are AbandoningConnection."""
 
-    def __init__(self, conninfo: str = "", *, reconnect_timeout: float = 300.0, **kwargs: Any) -> None:
+    def __init__(self, conninfo: str = "", *, reconnect_timeout: float = 300.0,
+                 abandon: Callable[[], bool] | None = None, **kwargs: Any) -> None:
         self.steady = SteadyRetry(reconnect_timeout)
+        self.abandon = abandon
+        if abandon is not None:
+            kwargs |= {"connection_class": AbandoningConnection, "configure": self._attach}
         super().__init__(conninfo, reconnect_timeout=min(RECONNECT_SERIES, reconnect_timeout),
                          reconnect_failed=_next_series_async, **kwargs)
+
+    async def _attach(self, conn: AsyncConnection[Any]) -> None:
+        if isinstance(conn, AbandoningConnection):
+            conn.abandon = self.abandon
 
     async def putconn(self, conn: AsyncConnection[Any]) -> None:
         reason = read_only_reason(conn)
@@ -197,13 +229,35 @@ class ReadWritePool(AsyncConnectionPool[AsyncConnection[Any]]):
         await super().putconn(conn)
 
 
+class AbandoningConnectionSync(Connection[Any]):
+    """AbandoningConnection for the sync backend (psycopg cancels a statement interrupted by Ctrl-C)."""
+
+    abandon: Callable[[], bool] | None = None
+
+    def cancel_safe(self, *, timeout: float = 30.0) -> None:
+        if self.abandon is not None and self.abandon():
+            log.warning("closing a connection with a statement in flight instead of cancelling it (the database "
+                        "is in doubt; see AbandoningConnection)")
+            self.pgconn.finish()
+            return
+        super().cancel_safe(timeout=timeout)
+
+
 class ReadWritePoolSync(ConnectionPool[Connection[Any]]):
     """ReadWritePool for the sync client."""
 
-    def __init__(self, conninfo: str = "", *, reconnect_timeout: float = 300.0, **kwargs: Any) -> None:
+    def __init__(self, conninfo: str = "", *, reconnect_timeout: float = 300.0,
+                 abandon: Callable[[], bool] | None = None, **kwargs: Any) -> None:
         self.steady = SteadyRetry(reconnect_timeout)
+        self.abandon = abandon
+        if abandon is not None:
+            kwargs |= {"connection_class": AbandoningConnectionSync, "configure": self._attach}
         super().__init__(conninfo, reconnect_timeout=min(RECONNECT_SERIES, reconnect_timeout),
                          reconnect_failed=_next_series_sync, **kwargs)
+
+    def _attach(self, conn: Connection[Any]) -> None:
+        if isinstance(conn, AbandoningConnectionSync):
+            conn.abandon = self.abandon
 
     def putconn(self, conn: Connection[Any]) -> None:
         reason = read_only_reason(conn)

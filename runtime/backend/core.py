@@ -130,6 +130,7 @@ class Backend:
     async def open(
         cls, dsn: str, *, min_size: int = 1, max_size: int = 10, check: bool = True, timeout: float = 10.0,
         reconnect_timeout: float = 300.0, worker_id: str | None = None, transaction_pooler: bool = False,
+        abandon: Callable[[], bool] | None = None,
     ) -> Self:
         """Connect once to report a clear error (and check the schema), then open the pool.
 
@@ -138,7 +139,9 @@ class Backend:
         second of the server's return (a failover's new primary); past that, the next request tries again.
 
         `worker_id` names a worker's connections (see WORKER_APPLICATION_NAME), at connect time, with no
-        extra round trip. `transaction_pooler`: `dsn` goes through PgBouncer in transaction mode, or the like."""
+        extra round trip. `transaction_pooler`: `dsn` goes through PgBouncer in transaction mode, or the like.
+        `abandon` (a worker's): when it returns True, a statement whose task is cancelled has its connection
+        closed rather than cancelled on the server (backend._conn.AbandoningConnection)."""
         options = connection_kwargs(dsn, worker_id=worker_id, transaction_pooler=transaction_pooler)
         try:
             # with the pool's own options, so that a server refusing them says so here, once
@@ -165,6 +168,7 @@ class Backend:
             name="taskq",
             timeout=timeout,
             reconnect_timeout=reconnect_timeout,
+            abandon=abandon,
         )
         await pool.open(wait=True, timeout=timeout)
         return cls(pool, dsn, transaction_pooler=transaction_pooler, database=database)

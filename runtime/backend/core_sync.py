@@ -135,6 +135,7 @@ class SyncBackend:
         reconnect_timeout: float = 300.0,
         worker_id: str | None = None,
         transaction_pooler: bool = False,
+        abandon: Callable[[], bool] | None = None,
     ) -> Self:
         """Connect once to report a clear error (and check the schema), then open the pool.
 
@@ -143,7 +144,9 @@ class SyncBackend:
         second of the server's return (a failover's new primary); past that, the next request tries again.
 
         `worker_id` names a worker's connections (see WORKER_APPLICATION_NAME), at connect time, with no
-        extra round trip. `transaction_pooler`: `dsn` goes through PgBouncer in transaction mode, or the like."""
+        extra round trip. `transaction_pooler`: `dsn` goes through PgBouncer in transaction mode, or the like.
+        `abandon` (a worker's): when it returns True, a statement whose task is cancelled has its connection
+        closed rather than cancelled on the server (backend._conn.AbandoningConnection)."""
         options = connection_kwargs(dsn, worker_id=worker_id, transaction_pooler=transaction_pooler)
         try:
             # with the pool's own options, so that a server refusing them says so here, once
@@ -170,6 +173,7 @@ class SyncBackend:
             name="taskq",
             timeout=timeout,
             reconnect_timeout=reconnect_timeout,
+            abandon=abandon,
         )
         pool.open(wait=True, timeout=timeout)
         return cls(pool, dsn, transaction_pooler=transaction_pooler, database=database)

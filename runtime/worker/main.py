@@ -288,7 +288,8 @@ class Worker:
         # the worker's connections name it, so that the lease-loss trigger tells its own writes apart
         backend = await Backend.open(dsn, min_size=2, max_size=max(4, min(20, self.concurrency // 50 + 4)),
                                      reconnect_timeout=POOL_RECONNECT_TIMEOUT,
-                                     worker_id=self.worker_id, transaction_pooler=s.transaction_pooler)
+                                     worker_id=self.worker_id, transaction_pooler=s.transaction_pooler,
+                                     abandon=lambda: self._parts is not None and self.db_in_doubt())
         listen_dsn = s.listen_dsn_value()
         p = self._parts = self._wire(backend, resolve_dsn(listen_dsn) if listen_dsn else dsn)
         await p.store.register(s.queues, self.concurrency, s.lock_timeout, capacities=self.classes.capacities,

@@ -4,7 +4,7 @@ and learns from lease_losses which rows were taken away from it."""
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -187,7 +187,7 @@ async def test_the_heartbeat_statement_reads_no_held_row_without_a_cancel_reques
         with psycopg.connect(dsn, autocommit=True) as conn:
             explained = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql.query("heartbeat"),
                                      {"worker_id": worker.worker_id, "lock_timeout": 60.0,
-                                      "sent_at": datetime.now(timezone.utc)}).fetchone()
+                                      "sent_at": datetime.now(UTC)}).fetchone()
         assert explained is not None
         plan = explained[0][0]["Plan"]
         scans = list(_scans(plan))

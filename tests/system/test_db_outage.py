@@ -503,3 +503,36 @@ def test_clients_reconnect_within_seconds_of_the_servers_return_however_long_it_
         assert back[face] - back["restarted"] < 3.0, (face, back[face] - back["restarted"])
     print(f"\nafter a {outage:.0f} s outage: async client back {back['async'] - back['restarted']:.2f} s, sync client "
           f"{back['sync'] - back['restarted']:.2f} s after the server")
+
+
+def test_a_fenced_worker_never_makes_a_finish_that_waits_for_a_standby_visible(
+    server: DedicatedServer, dsn: str, spawn_worker: Any, tmp_path: Path
+) -> None:
+    """A primary cut off from its synchronous standby (a failover under way) holds every COMMIT until a standby
+    confirms it. A worker whose heartbeats hang there self-fences and abandons its writes. Were its finish
+    cancelled on the server (psycopg's reaction to a cancelled task), PostgreSQL would make that commit visible
+    on this primary without replication: a reader would see the job succeeded, and pg_rewind would revert it
+    once the node rejoins. The worker closes the connection instead (AbandoningConnection): the commit stays
+    waiting, invisible, and the job reads as running."""
+    gate = tmp_path / "gate"
+    w = spawn_worker(heartbeat_interval=0.3, lock_timeout=3.0, shutdown_timeout=5.0)
+    w_id = w.worker_id()
+    job_id = enqueue(dsn, "test.gated", {"path": str(gate)})
+    wait_until(lambda: job(dsn, job_id)["worker_id"] == w_id and job(dsn, job_id)["status"] == "running")
+    admin = server.dsn()
+    query(admin, "ALTER SYSTEM SET synchronous_standby_names = 'taskq_no_such_standby'")
+    query(admin, "SELECT pg_reload_conf()")
+    try:
+        wait_until(lambda: query(admin, "SHOW synchronous_standby_names")[0][0] == "taskq_no_such_standby")
+        gate.touch()  # the actor returns; its finish, and every heartbeat, now wait for a standby
+        code = w.wait(30)
+        log = w.log()
+        assert code is not None, log
+        assert "no lease renewal" in log, log
+        waiting = query(dsn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                             "AND wait_event = 'SyncRep'")[0][0]
+        assert waiting >= 1, log  # the finish is still waiting for the standby on the server
+        assert job(dsn, job_id)["status"] == "running", log
+    finally:
+        query(admin, "ALTER SYSTEM RESET synchronous_standby_names")
+        query(admin, "SELECT pg_reload_conf()")
