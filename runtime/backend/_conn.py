@@ -178,6 +178,17 @@ def _next_series_sync(pool: ConnectionPool[Any]) -> None:
             pool.check()
 
 
+def _closed_instead(conn: AbandoningConnection | AbandoningConnectionSync) -> bool:
+    """An AbandoningConnection's choice when psycopg would cancel its statement: True when its database is in
+    doubt and the connection was closed instead (nothing to cancel then)."""
+    if conn.abandon is None or not conn.abandon():
+        return False
+    log.warning("closing a connection with a statement in flight instead of cancelling it (the database is in "
+                "doubt; see AbandoningConnection)")
+    conn.pgconn.finish()
+    return True
+
+
 class AbandoningConnection(AsyncConnection[Any]):
     """A worker's connection. When a task awaiting a statement is cancelled, psycopg asks the server to cancel
     the statement (`cancel_safe`). A COMMIT that waits for a synchronous standby is already written on this
@@ -192,12 +203,8 @@ class AbandoningConnection(AsyncConnection[Any]):
     abandon: Callable[[], bool] | None = None
 
     async def cancel_safe(self, *, timeout: float = 30.0) -> None:
-        if self.abandon is not None and self.abandon():
-            log.warning("closing a connection with a statement in flight instead of cancelling it (the database "
-                        "is in doubt; see AbandoningConnection)")
-            self.pgconn.finish()
-            return
-        await super().cancel_safe(timeout=timeout)
+        if not _closed_instead(self):
+            await super().cancel_safe(timeout=timeout)
 
 
 class ReadWritePool(AsyncConnectionPool[AsyncConnection[Any]]):
@@ -235,12 +242,8 @@ class AbandoningConnectionSync(Connection[Any]):
     abandon: Callable[[], bool] | None = None
 
     def cancel_safe(self, *, timeout: float = 30.0) -> None:
-        if self.abandon is not None and self.abandon():
-            log.warning("closing a connection with a statement in flight instead of cancelling it (the database "
-                        "is in doubt; see AbandoningConnection)")
-            self.pgconn.finish()
-            return
-        super().cancel_safe(timeout=timeout)
+        if not _closed_instead(self):
+            super().cancel_safe(timeout=timeout)
 
 
 class ReadWritePoolSync(ConnectionPool[Connection[Any]]):
