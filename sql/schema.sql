@@ -1,4 +1,4 @@
--- The taskq schema as migrations 0001..0019 leave it (the last: 0019_queue_depth.sql),
+-- The taskq schema as migrations 0001..0020 leave it (the last: 0020_tags_index_partial.sql),
 -- with taskq.schema_migrations, which `taskq migrate` creates before the first. For reading only:
 -- taskq never runs this file, and the migrations stay the source of truth.
 --
@@ -314,7 +314,7 @@ CREATE INDEX jobs_running_lease_idx ON taskq.jobs USING btree (worker_id) WHERE 
 
 CREATE INDEX jobs_running_scope_idx ON taskq.jobs USING btree (queue, actor, concurrency_key) WHERE ((status = 'running'::text) AND (queue IS NOT NULL));
 
-CREATE INDEX jobs_tags_idx ON taskq.jobs USING gin (tags);
+CREATE INDEX jobs_tags_idx ON taskq.jobs USING gin (tags) WHERE (tags <> '{}'::text[]);
 
 CREATE UNIQUE INDEX jobs_unique_key_idx ON taskq.jobs USING btree (unique_key) WHERE ((unique_key IS NOT NULL) AND ((unique_scope = 'retained'::text) OR (status = ANY (ARRAY['pending'::text, 'scheduled'::text, 'running'::text]))));
 

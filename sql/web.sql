@@ -145,7 +145,7 @@ SELECT * FROM taskq.jobs
 WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
   AND (%(actors)s::text[] IS NULL OR actor = ANY(%(actors)s::text[]))
-  AND (%(tags)s::text[] IS NULL OR tags @> %(tags)s::text[])
+  AND (%(tags)s::text[] IS NULL OR (tags @> %(tags)s::text[] AND tags <> '{}'::text[]))
   AND (%(parent_id)s::uuid IS NULL OR parent_id = %(parent_id)s::uuid)
   AND (%(created_after)s::timestamptz IS NULL OR created_at > %(created_after)s::timestamptz)
   AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s::timestamptz)

@@ -19,7 +19,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, LiteralString, cast
 from uuid import UUID
 
 from psycopg import AsyncConnection
@@ -126,6 +126,24 @@ def reclaim_params(*, worker_id: str | None, cause: str, detail: str | None, rec
             "tracked": tracked, "limit": limit, "base_delay": RECLAIM_BASE_DELAY, "max_delay": RECLAIM_MAX_DELAY}
 
 
+_CLAIMS: dict[int, LiteralString] = {}
+
+
+def claim_statement(limit: int) -> LiteralString:
+    """job_claim with its limit written in: the prepared statement of each claim size then keeps a generic
+    plan that knows the limit (as a parameter, the generic plan guesses it, looks dear with a long backlog,
+    and every claim is planned again: ~3 us of PostgreSQL per job claimed, measured in benchmarks/README.md,
+    "statements.py"). One statement per claim size: at most claim_batch_size of them, and a worker draining
+    a backlog asks for claim_batch_size each time."""
+    text = _CLAIMS.get(limit)
+    if text is None:
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise ValueError(f"claim limit must be a positive int, not {limit!r}")
+        # an int's digits are the only text written into the statement
+        text = _CLAIMS[limit] = cast(LiteralString, sql.query("job_claim").replace("%(limit)s", str(limit)))
+    return text
+
+
 class WorkerStore:
     def __init__(self, backend: Backend, worker_id: str) -> None:
         self.backend = backend
@@ -161,8 +179,8 @@ class WorkerStore:
     async def claim(self, queues: Sequence[str], limit: int, lock_timeout: float) -> list[ClaimedJob]:
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                sql.query("job_claim"),
-                {"queues": list(queues), "limit": limit, "worker_id": self.worker_id, "lock_timeout": lock_timeout},
+                claim_statement(limit),
+                {"queues": list(queues), "worker_id": self.worker_id, "lock_timeout": lock_timeout},
             )
             rows = await cur.fetchall()
         return [ClaimedJob(*row) for row in rows]

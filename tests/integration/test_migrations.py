@@ -80,6 +80,7 @@ async def test_migrated_schema_has_the_indexes_the_queries_rely_on(conn: AsyncCo
     ):
         assert name in indexes, f"missing index {name}"
     assert "USING gin (tags)" in indexes["jobs_tags_idx"]
+    assert "WHERE (tags <> '{}'::text[])" in indexes["jobs_tags_idx"]  # tagged jobs only (schema 20)
     claim = indexes["jobs_claim_idx"]
     assert "(queue, priority, fair_tag NULLS FIRST, scheduled_at, id)" in claim
     assert "WHERE" in claim and "'pending'" in claim and "'scheduled'" in claim

@@ -10,6 +10,8 @@ import pytest
 from testkit import query
 
 from taskq import sql
+from taskq.backend.core import Backend
+from taskq.backend.workers import WorkerStore
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -43,3 +45,53 @@ def test_a_fenced_write_finds_its_rows_by_primary_key_even_when_statistics_saw_n
         plan = "\n".join(row[0] for row in conn.execute("EXPLAIN (GENERIC_PLAN) " + numbered(sql.query(name))))
     assert "jobs_running_lease_idx" not in plan, plan
     assert "jobs_pkey" in plan, plan
+
+
+@pytest.mark.parametrize("name", ["job_list", "job_cancel_where_batch", "job_requeue_where_batch", "job_page"])
+def test_a_tag_filter_finds_tagged_jobs_through_the_partial_tags_index(dsn: str, name: str) -> None:
+    # jobs_tags_idx holds tagged rows only (schema 20): each filter on tags must let the planner prove its
+    # predicate, or a rare tag is looked for row by row among the untagged backlog
+    # as many untagged rows in each status the filters select (pending for a cancel, failed for a requeue)
+    # as tagged ones are rare
+    for tags, rows in (("'{}'", 10_000), ("ARRAY['rare']", 5)):
+        query(dsn, "INSERT INTO taskq.jobs (id, actor, payload, tags) SELECT gen_random_uuid(), 'tests.plans', '1',"
+                   f" {tags} FROM generate_series(1, {rows})")
+        query(dsn, "INSERT INTO taskq.jobs (id, actor, payload, tags, status, finished_at) SELECT gen_random_uuid(),"
+                   f" 'tests.plans', '1', {tags}, 'failed', now() FROM generate_series(1, {rows})")
+    query(dsn, "VACUUM ANALYZE taskq.jobs")
+    text = sql.query(name)
+    params = {p: None for p in re.findall(r"%\((\w+)\)[sb]", text)}
+    params.update(tags=["rare"], limit=50)
+    for flag in ("reason", "reset_steps", "attempts", "after", "cursor_at", "cursor_id"):
+        params.setdefault(flag, None)
+    if "reset_steps" in params:
+        params["reset_steps"] = False
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        # an unnamed statement: planned with these values (as the client's first executions are)
+        plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + text, params))
+    assert "jobs_tags_idx" in plan, plan
+
+
+async def test_the_worker_claim_keeps_a_generic_plan_with_a_long_backlog(dsn: str) -> None:
+    # with the limit as a parameter, PostgreSQL judged the generic plan dear behind a long backlog and planned
+    # every claim again; written in (claim_statement), each claim size keeps one generic plan
+    query(dsn, "INSERT INTO taskq.jobs (id, actor, payload) SELECT gen_random_uuid(), 'tests.plans', '1'"
+               " FROM generate_series(1, 50000)")
+    query(dsn, "VACUUM ANALYZE taskq.jobs")
+    backend = await Backend.open(dsn, min_size=1, max_size=1, worker_id="plans-worker")
+    try:
+        store = WorkerStore(backend, "plans-worker")
+        await store.register(["default"], 10, 60.0)
+        claimed = 0
+        for _ in range(20):
+            claimed += len(await store.claim(["default"], 10, 60.0))
+        async with backend.pool.connection() as conn:
+            cur = await conn.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                                     " WHERE statement LIKE '%%INSERT INTO taskq.job_attempts%%'")
+            plans = await cur.fetchall()
+    finally:
+        await backend.close()
+    assert claimed == 200
+    assert len(plans) == 1, plans  # one claim size: one statement
+    generic, custom = plans[0]
+    assert custom <= 5 and generic >= 10, plans  # psycopg prepares it at its 5th run; PostgreSQL plans it 5 times
