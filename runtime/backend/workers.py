@@ -19,7 +19,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, LiteralString, cast
+from typing import Any, LiteralString
 from uuid import UUID
 
 from psycopg import AsyncConnection
@@ -140,7 +140,7 @@ def claim_statement(limit: int) -> LiteralString:
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise ValueError(f"claim limit must be a positive int, not {limit!r}")
         # an int's digits are the only text written into the statement
-        text = _CLAIMS[limit] = cast(LiteralString, sql.query("job_claim").replace("%(limit)s", str(limit)))
+        text = _CLAIMS[limit] = sql.query("job_claim").replace("%(limit)s", str(limit))
     return text
 
 

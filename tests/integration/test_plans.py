@@ -4,6 +4,7 @@ say about running rows (a plan that scans every running row of every worker cost
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import psycopg
 import pytest
@@ -60,7 +61,7 @@ def test_a_tag_filter_finds_tagged_jobs_through_the_partial_tags_index(dsn: str,
                    f" 'tests.plans', '1', {tags}, 'failed', now() FROM generate_series(1, {rows})")
     query(dsn, "VACUUM ANALYZE taskq.jobs")
     text = sql.query(name)
-    params = {p: None for p in re.findall(r"%\((\w+)\)[sb]", text)}
+    params: dict[str, Any] = {p: None for p in re.findall(r"%\((\w+)\)[sb]", text)}
     params.update(tags=["rare"], limit=50)
     for flag in ("reason", "reset_steps", "attempts", "after", "cursor_at", "cursor_id"):
         params.setdefault(flag, None)
