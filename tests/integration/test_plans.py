@@ -63,10 +63,6 @@ def test_a_tag_filter_finds_tagged_jobs_through_the_partial_tags_index(dsn: str,
     text = sql.query(name)
     params: dict[str, Any] = {p: None for p in re.findall(r"%\((\w+)\)[sb]", text)}
     params.update(tags=["rare"], limit=50)
-    for flag in ("reason", "reset_steps", "attempts", "after", "cursor_at", "cursor_id"):
-        params.setdefault(flag, None)
-    if "reset_steps" in params:
-        params["reset_steps"] = False
     with psycopg.connect(dsn, autocommit=True) as conn:
         # an unnamed statement: planned with these values (as the client's first executions are)
         plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + text, params))
