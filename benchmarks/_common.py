@@ -21,10 +21,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlencode
 
 import psycopg
 from psycopg import sql as pgsql
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from taskq.backend.migrations import migrate_dsn
 from taskq.dsn import redact_dsn, resolve_dsn
@@ -377,3 +378,15 @@ def header(name: str, params: dict[str, Any], info: dict[str, Any], server: dict
         "load_warning": load_warning(info),
         "server": server,
     }
+
+
+def as_url(dsn: str) -> str:
+    """asyncpg reads only URLs; the benchmark's DSNs are libpq key=value strings."""
+    if "://" in dsn:
+        return dsn
+    parts = conninfo_to_dict(dsn)
+    user = quote(str(parts.pop("user", "")))
+    password = parts.pop("password", None)
+    auth = f"{user}:{quote(str(password))}@" if password else (f"{user}@" if user else "")
+    dbname = quote(str(parts.pop("dbname", "")))
+    return f"postgresql://{auth}/{dbname}?{urlencode({k: str(v) for k, v in parts.items()})}"

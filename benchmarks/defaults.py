@@ -51,7 +51,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlencode
 
 import psycopg
 from _common import (
@@ -59,6 +58,7 @@ from _common import (
     REPO_ROOT,
     RESULTS_DIR,
     ServerCpu,
+    as_url,
     cpu_seconds,
     header,
     machine,
@@ -69,7 +69,7 @@ from _common import (
     write_report,
 )
 from psycopg import sql as pgsql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import make_conninfo
 
 from taskq.dsn import resolve_dsn
 
@@ -132,18 +132,6 @@ class System:
 
     def env(self) -> dict[str, str]:
         return os.environ | {"TASKQ_DSN": self.dsn, "PGDSN": as_url(self.dsn)}
-
-
-def as_url(dsn: str) -> str:
-    """asyncpg reads only URLs; the benchmark's DSNs are libpq key=value strings."""
-    if "://" in dsn:
-        return dsn
-    parts = conninfo_to_dict(dsn)
-    user = quote(str(parts.pop("user", "")))
-    password = parts.pop("password", None)
-    auth = f"{user}:{quote(str(password))}@" if password else (f"{user}@" if user else "")
-    dbname = quote(str(parts.pop("dbname", "")))
-    return f"postgresql://{auth}/{dbname}?{urlencode({k: str(v) for k, v in parts.items()})}"
 
 
 def case_settings(case: str) -> dict[str, Any]:

@@ -1,7 +1,19 @@
-"""Enqueue throughput: JobsClient.enqueue against a raw psycopg INSERT, and enqueue_many in batches.
+"""Enqueue throughput: JobsClient.enqueue against a raw psycopg INSERT, and enqueue_many in batches; the
+same producers written as a lean psycopg loop and with PgQueuer, in the same run.
 
     python benchmarks/enqueue.py [--dsn DSN] [--seconds 3] [--rounds 3] [--slices 6]
                                  [--loop uvloop|asyncio] [--json benchmarks/results/enqueue.json]
+                                 [--pgqueuer-venv DIR]
+
+The lean loop (g, h) is what a team would write by hand for a queue of its own: a table of (id bigint
+identity, queue, payload jsonb, status, priority, scheduled_at, created_at) with its primary key and one
+partial claim index, a prepared INSERT per job (g) or one INSERT ... SELECT FROM unnest of a binary array
+per batch (h), on one autocommit connection. PgQueuer (i, j; PgQueuer 1.6 in a virtualenv of its own,
+`--pgqueuer-venv`, with asyncpg; left out when that virtualenv is missing) runs in a subprocess
+(benchmarks/pgqueuer_app.py produce) and enqueues as its documentation shows, one job per call (i) and
+lists of 100 (j); its schema is installed by its own code in the same database. Every producer writes the
+same payload document. (k, l) write enqueue_many's rows by hand, as a binary COPY and as the one unnest
+statement enqueue_many sends, to tell which way of writing a batch is cheaper.
 
 Without --dsn (and without TASKQ_DSN) it uses the embedded server. Either way it creates a fresh
 database on that server, migrates it, and drops it at the end, so it needs CREATEDB rights.
@@ -27,10 +39,12 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from _common import as_url
 from psycopg import sql as pgsql
 from psycopg.conninfo import make_conninfo
 from pydantic import BaseModel
 
+from taskq import sql
 from taskq.actors.declaration import ActorRegistry, actor
 from taskq.backend import uuid7
 from taskq.backend.migrations import migrate_dsn
@@ -40,6 +54,9 @@ from taskq.dsn import redact_dsn, resolve_dsn
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "enqueue.json"
 SINGLE_TARGET_RATIO = 0.80  # (a) must reach 80 % of (b)
 BATCH_100_TARGET = 75_000.0  # jobs/s
+LEAN_TARGET_RATIO = 0.80
+PGQUEUER_SINGLE_TARGET = 1.2
+PGQUEUER_BATCH_TARGET = 1.5
 KEYS = 1000
 """Fairness keys of the keyed measurements (e) and (f)."""
 
@@ -60,6 +77,21 @@ async def resize(payload: Image) -> None:
 def _payload(i: int) -> dict[str, Any]:
     return {"url": f"s3://bucket/images/{i:08d}.png", "width": 640, "height": 480}
 
+
+LEAN_SCHEMA = (
+    "CREATE SCHEMA lean",
+    "CREATE TABLE lean.jobs (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, queue text NOT NULL,"
+    " payload jsonb NOT NULL, status text NOT NULL DEFAULT 'pending', priority int NOT NULL DEFAULT 0,"
+    " scheduled_at timestamptz NOT NULL DEFAULT now(), created_at timestamptz NOT NULL DEFAULT now())",
+    "CREATE INDEX lean_claim_idx ON lean.jobs (queue, priority, scheduled_at, id) WHERE status = 'pending'",
+)
+LEAN_INSERT = "INSERT INTO lean.jobs (queue, payload) VALUES (%s, %s::jsonb)"
+LEAN_INSERT_MANY = "INSERT INTO lean.jobs (queue, payload) SELECT %s, p::jsonb FROM unnest(%b::text[]) AS p"
+COPY_JOBS = ("COPY taskq.jobs (id, actor, queue, payload, priority, tags, max_attempts, idempotent)"
+             " FROM STDIN (FORMAT BINARY)")
+COPY_TYPES = ["uuid", "text", "text", "jsonb", "int4", "text[]", "int4", "bool"]
+PGQUEUER_APP = Path(__file__).resolve().parent / "pgqueuer_app.py"
+PGQUEUER_TABLES = "pgqueuer, pgqueuer_log, pgqueuer_statistics"
 
 # The row (b) writes is the row (a) writes: same columns, same values, minus the client's checks.
 RAW_INSERT = (
@@ -183,6 +215,88 @@ async def bench_raw_insert(conn: psycopg.AsyncConnection[Any], pid: int, seconds
     return await _timed(seconds, step, pid)
 
 
+async def bench_lean(conn: psycopg.AsyncConnection[Any], pid: int, seconds: float, batch: int) -> Sample:
+    """(g) / (h): the lean loop, one job per commit or one statement per `batch`."""
+    counter = 0
+
+    async def step() -> int:
+        nonlocal counter
+        if batch == 1:
+            counter += 1
+            await conn.execute(LEAN_INSERT, ("default", json.dumps(_payload(counter))), prepare=True)
+            return 1
+        payloads = [json.dumps(_payload(counter + i)) for i in range(batch)]
+        counter += batch
+        await conn.execute(LEAN_INSERT_MANY, ("default", payloads), prepare=True)
+        return batch
+
+    return await _timed(seconds, step, pid)
+
+
+async def bench_raw_batch(conn: psycopg.AsyncConnection[Any], pid: int, seconds: float, batch: int,
+                          copy: bool) -> Sample:
+    """(k) / (l): the rows of enqueue_many written by hand, without the client's checks: a binary COPY
+    (k) or the statement enqueue_many sends, one unnest of binary arrays (l). Which way is cheaper."""
+    counter = 0
+    statement = sql.query("job_insert_many")
+    unset = {name: None for name in ("parent_id", "workflow_id", "scheduled_at", "schedule_to_close",
+                                     "trace_context", "concurrency_key", "fairness_keys", "fairness_ranks")}
+
+    async def step() -> int:
+        nonlocal counter
+        ids = [uuid7() for _ in range(batch)]
+        payloads = [json.dumps(_payload(counter + i)) for i in range(batch)]
+        counter += batch
+        if copy:
+            async with conn.cursor() as cur, cur.copy(COPY_JOBS) as writer:
+                writer.set_types(COPY_TYPES)
+                for job_id, payload in zip(ids, payloads, strict=True):
+                    await writer.write_row((job_id, "bench.resize", "default", payload, 0, [], 3, True))
+        else:
+            await conn.execute(statement, unset | {
+                "ids": ids, "payloads": payloads, "actor": "bench.resize", "queue": "default", "priority": 0,
+                "tags": [], "max_attempts": 3, "idempotent": True, "notify": False}, prepare=True)
+        return batch
+
+    return await _timed(seconds, step, pid)
+
+
+class PgQueuerProducer:
+    """PgQueuer's producer in a subprocess of its own virtualenv (benchmarks/pgqueuer_app.py produce)."""
+
+    def __init__(self, python: Path, dsn: str) -> None:
+        self._python = python
+        self._dsn = dsn
+        self._proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        app = str(PGQUEUER_APP)
+        env = os.environ | {"PGDSN": as_url(self._dsn)}
+        install = await asyncio.create_subprocess_exec(str(self._python), app, "install", env=env)
+        if await install.wait() != 0:
+            raise SystemExit("PgQueuer's install failed")
+        self._proc = await asyncio.create_subprocess_exec(str(self._python), app, "produce", env=env,
+                                                          stdin=asyncio.subprocess.PIPE,
+                                                          stdout=asyncio.subprocess.PIPE)
+
+    async def run(self, seconds: float, batch: int) -> Sample:
+        proc = self._proc
+        assert proc is not None and proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(f"{batch} {seconds}\n".encode())
+        await proc.stdin.drain()
+        line = await proc.stdout.readline()
+        if not line:
+            raise SystemExit("PgQueuer's producer ended early")
+        got = json.loads(line)
+        return Sample(jobs=got["jobs"], seconds=got["seconds"], client_cpu=got["client_cpu_s"],
+                      server_cpu=got["server_cpu_s"])
+
+    async def close(self) -> None:
+        if self._proc is not None and self._proc.stdin is not None:
+            self._proc.stdin.close()
+            await self._proc.wait()
+
+
 async def bench_enqueue_many(client: JobsClient, pid: int, seconds: float, batch: int) -> Sample:
     counter = 0
 
@@ -224,10 +338,12 @@ async def bench_enqueue_many_keyed(client: JobsClient, pid: int, seconds: float,
     return await _timed(seconds, step, pid)
 
 
-async def _truncate(dsn: str) -> None:
+async def _truncate(dsn: str, pgqueuer: bool) -> None:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         # fair_queues too: a queue made fair by the keyed measurements would tag the others' jobs
-        await conn.execute("TRUNCATE taskq.jobs, taskq.job_events, taskq.fair_queues")
+        await conn.execute("TRUNCATE taskq.jobs, taskq.job_events, taskq.fair_queues, lean.jobs")
+        if pgqueuer:
+            await conn.execute(f"TRUNCATE {PGQUEUER_TABLES}")
         await conn.execute("VACUUM ANALYZE taskq.jobs")
 
 
@@ -236,14 +352,19 @@ def _median(samples: list[Sample], field: str) -> float | None:
     return None if None in values else statistics.median(values)
 
 
-async def run(dsn: str, seconds: float, rounds: int, slices: int) -> dict[str, Any]:
+async def run(dsn: str, seconds: float, rounds: int, slices: int, pgqueuer_python: Path | None) -> dict[str, Any]:
     # one pooled connection, so that its backend's CPU is the server's share of the work
     client = await JobsClient.connect(dsn, registry=registry, min_size=1, max_size=1)
     raw = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    lean = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    pgq = PgQueuerProducer(pgqueuer_python, dsn) if pgqueuer_python is not None else None
     try:
+        for statement in LEAN_SCHEMA:
+            await lean.execute(statement)
         async with client.backend.pool.connection() as conn:
             client_pid = await backend_pid(conn)
         raw_pid = await backend_pid(raw)
+        lean_pid = await backend_pid(lean)
         measurements = [
             Measurement(
                 "enqueue_single",
@@ -281,7 +402,21 @@ async def run(dsn: str, seconds: float, rounds: int, slices: int) -> dict[str, A
                 lambda s: bench_enqueue_many_keyed(client, client_pid, s, 100),
                 [],
             ),
+            Measurement("raw_copy_100", "(k) raw binary COPY, 100 rows",
+                        lambda s: bench_raw_batch(raw, raw_pid, s, 100, copy=True), []),
+            Measurement("raw_unnest_100", "(l) raw unnest INSERT, 100 rows",
+                        lambda s: bench_raw_batch(raw, raw_pid, s, 100, copy=False), []),
+            Measurement("lean_single", "(g) lean psycopg loop, 1 job/commit",
+                        lambda s: bench_lean(lean, lean_pid, s, 1), []),
+            Measurement("lean_many_100", "(h) lean psycopg loop, batches of 100",
+                        lambda s: bench_lean(lean, lean_pid, s, 100), []),
         ]
+        if pgq is not None:
+            await pgq.start()
+            measurements += [
+                Measurement("pgqueuer_single", "(i) PgQueuer enqueue, 1 job/call", lambda s: pgq.run(s, 1), []),
+                Measurement("pgqueuer_many_100", "(j) PgQueuer enqueue, lists of 100", lambda s: pgq.run(s, 100), []),
+            ]
         # warm up every path once (prepared statements, pool, caches), untimed
         for m in measurements:
             await m.run(min(0.5, seconds))
@@ -291,7 +426,7 @@ async def run(dsn: str, seconds: float, rounds: int, slices: int) -> dict[str, A
             # every measurement rather than one of them; every slice starts from an empty table
             for _ in range(slices):
                 for m in measurements:
-                    await _truncate(dsn)
+                    await _truncate(dsn, pgq is not None)
                     totals[m.name].add(await m.run(seconds / slices))
             for m in measurements:
                 sample = totals[m.name]
@@ -303,6 +438,9 @@ async def run(dsn: str, seconds: float, rounds: int, slices: int) -> dict[str, A
                     file=sys.stderr,
                 )
     finally:
+        if pgq is not None:
+            await pgq.close()
+        await lean.close()
         await raw.close()
         await client.close()
     results: dict[str, Any] = {
@@ -328,12 +466,23 @@ async def run(dsn: str, seconds: float, rounds: int, slices: int) -> dict[str, A
             "met": many100 >= BATCH_100_TARGET,
         },
     }
+    # issue 34's producer targets: against the lean loop (>= 0.8) and PgQueuer (single >= 1.2, batch >= 1.5)
+    peers = {"enqueue_single_vs_lean": ("enqueue_single", "lean_single", LEAN_TARGET_RATIO),
+             "enqueue_many_100_vs_lean": ("enqueue_many_100", "lean_many_100", LEAN_TARGET_RATIO),
+             "enqueue_single_vs_pgqueuer": ("enqueue_single", "pgqueuer_single", PGQUEUER_SINGLE_TARGET),
+             "enqueue_many_100_vs_pgqueuer": ("enqueue_many_100", "pgqueuer_many_100", PGQUEUER_BATCH_TARGET)}
+    for name, (ours, theirs, target) in peers.items():
+        if theirs in results:
+            ratio = results[ours]["median"] / results[theirs]["median"]
+            results["targets"][name] = {"ratio": ratio, "target": f">= {target:.2f}", "met": ratio >= target}
     return results
 
 
 def print_table(results: dict[str, Any]) -> None:
-    names = ["enqueue_single", "raw_insert_single", "enqueue_many_100", "enqueue_many_1000", "enqueue_single_keyed",
-             "enqueue_many_100_keyed"]
+    names = [n for n in ("enqueue_single", "raw_insert_single", "enqueue_many_100", "enqueue_many_1000",
+                         "enqueue_single_keyed", "enqueue_many_100_keyed", "raw_copy_100", "raw_unnest_100",
+                         "lean_single", "lean_many_100",
+                         "pgqueuer_single", "pgqueuer_many_100") if n in results]
     print(f"{'measurement':<38} {'jobs/s':>9} {'client us':>10} {'server us':>10}   rounds (jobs/s)")
     for name in names:
         r = results[name]
@@ -349,6 +498,11 @@ def print_table(results: dict[str, Any]) -> None:
     many = t["enqueue_many_100"]
     verdict = "met" if many["met"] else "MISSED"
     print(f"(c) = {many['jobs_per_s']:,.0f} jobs/s (target {many['target']}): {verdict}")
+    for target, label in (("enqueue_single_vs_lean", "(a)/(g)"), ("enqueue_many_100_vs_lean", "(c)/(h)"),
+                          ("enqueue_single_vs_pgqueuer", "(a)/(i)"), ("enqueue_many_100_vs_pgqueuer", "(c)/(j)")):
+        if target in t:
+            r = t[target]
+            print(f"{label} = {r['ratio']:.2f} (target {r['target']}): {'met' if r['met'] else 'MISSED'}")
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -367,7 +521,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             f"{args.rounds} rounds of {args.seconds} s per measurement",
             file=sys.stderr,
         )
-        results = await run(dsn, args.seconds, args.rounds, args.slices)
+        pgq_python = args.pgqueuer_venv / "bin" / "python"
+        if not pgq_python.exists():
+            print(f"no PgQueuer virtualenv at {args.pgqueuer_venv}: its producer is left out", file=sys.stderr)
+        results = await run(dsn, args.seconds, args.rounds, args.slices, pgq_python if pgq_python.exists() else None)
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
@@ -386,6 +543,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             "slices": args.slices,
             "loop": args.loop,
             "payload": _payload(0),
+            "pgqueuer_venv": str(args.pgqueuer_venv),
         },
         "results": results,
     }
@@ -400,6 +558,8 @@ def main() -> None:
         "--slices", type=int, default=6, help="each round's time per measurement is cut into this many turns"
     )
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop", help="event loop (default uvloop)")
+    parser.add_argument("--pgqueuer-venv", type=Path, default=Path("/work/venv-pgqueuer"),
+                        help="a virtualenv with pgqueuer and asyncpg (its producer legs; left out if missing)")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"where to write results ({DEFAULT_JSON})")
     args = parser.parse_args()
     if args.loop == "uvloop":
