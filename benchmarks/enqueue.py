@@ -5,14 +5,13 @@ same producers written as a lean psycopg loop and with PgQueuer, in the same run
                                  [--loop uvloop|asyncio] [--json benchmarks/results/enqueue.json]
                                  [--pgqueuer-venv DIR]
 
-The lean loop (g, h) is what a team would write by hand for a queue of its own: a table of (id bigint
-identity, queue, payload jsonb, status, priority, scheduled_at, created_at) with its primary key and one
-partial claim index, a prepared INSERT per job (g) or one INSERT ... SELECT FROM unnest of a binary array
-per batch (h), on one autocommit connection. PgQueuer (i, j; PgQueuer 1.6 in a virtualenv of its own,
-`--pgqueuer-venv`, with asyncpg; left out when that virtualenv is missing) runs in a subprocess
-(benchmarks/pgqueuer_app.py produce) and enqueues as its documentation shows, one job per call (i) and
-lists of 100 (j); its schema is installed by its own code in the same database. Every producer writes the
-same payload document. (k, l) write enqueue_many's rows by hand, as a binary COPY and as the one unnest
+The lean loop (g, h) is what a team would write by hand for a queue of its own (benchmarks/lean_queue.py:
+one table with its primary key and one partial claim index), a prepared INSERT per job (g) or one INSERT
+... SELECT FROM unnest of a binary array per batch (h), on one autocommit connection. PgQueuer (i, j;
+PgQueuer 1.6 in a virtualenv of its own, `--pgqueuer-venv`, with asyncpg; left out when that virtualenv
+is missing) runs in a subprocess (benchmarks/pgqueuer_app.py produce) and enqueues as its documentation
+shows, one job per call (i) and lists of 100 (j); its schema is installed by its own code in the same
+database. Every producer writes the same payload document. (k, l) write enqueue_many's rows by hand, as a binary COPY and as the one unnest
 statement enqueue_many sends, to tell which way of writing a batch is cheaper.
 
 Without --dsn (and without TASKQ_DSN) it uses the embedded server. Either way it creates a fresh
@@ -38,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import lean_queue
 import psycopg
 from _common import as_url
 from psycopg import sql as pgsql
@@ -78,15 +78,6 @@ def _payload(i: int) -> dict[str, Any]:
     return {"url": f"s3://bucket/images/{i:08d}.png", "width": 640, "height": 480}
 
 
-LEAN_SCHEMA = (
-    "CREATE SCHEMA lean",
-    "CREATE TABLE lean.jobs (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, queue text NOT NULL,"
-    " payload jsonb NOT NULL, status text NOT NULL DEFAULT 'pending', priority int NOT NULL DEFAULT 0,"
-    " scheduled_at timestamptz NOT NULL DEFAULT now(), created_at timestamptz NOT NULL DEFAULT now())",
-    "CREATE INDEX lean_claim_idx ON lean.jobs (queue, priority, scheduled_at, id) WHERE status = 'pending'",
-)
-LEAN_INSERT = "INSERT INTO lean.jobs (queue, payload) VALUES (%s, %s::jsonb)"
-LEAN_INSERT_MANY = "INSERT INTO lean.jobs (queue, payload) SELECT %s, p::jsonb FROM unnest(%b::text[]) AS p"
 COPY_JOBS = ("COPY taskq.jobs (id, actor, queue, payload, priority, tags, max_attempts, idempotent)"
              " FROM STDIN (FORMAT BINARY)")
 COPY_TYPES = ["uuid", "text", "text", "jsonb", "int4", "text[]", "int4", "bool"]
@@ -223,11 +214,11 @@ async def bench_lean(conn: psycopg.AsyncConnection[Any], pid: int, seconds: floa
         nonlocal counter
         if batch == 1:
             counter += 1
-            await conn.execute(LEAN_INSERT, ("default", json.dumps(_payload(counter))), prepare=True)
+            await conn.execute(lean_queue.INSERT, ("default", json.dumps(_payload(counter))), prepare=True)
             return 1
         payloads = [json.dumps(_payload(counter + i)) for i in range(batch)]
         counter += batch
-        await conn.execute(LEAN_INSERT_MANY, ("default", payloads), prepare=True)
+        await conn.execute(lean_queue.INSERT_MANY, ("default", payloads), prepare=True)
         return batch
 
     return await _timed(seconds, step, pid)
@@ -359,7 +350,7 @@ async def run(dsn: str, seconds: float, rounds: int, slices: int, pgqueuer_pytho
     lean = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
     pgq = PgQueuerProducer(pgqueuer_python, dsn) if pgqueuer_python is not None else None
     try:
-        for statement in LEAN_SCHEMA:
+        for statement in lean_queue.SCHEMA:
             await lean.execute(statement)
         async with client.backend.pool.connection() as conn:
             client_pid = await backend_pid(conn)

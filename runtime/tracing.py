@@ -31,6 +31,7 @@ INTEGRATIONS = "taskq.tracing"
 """The entry-point group of tracing integrations, loaded when the application has imported OpenTelemetry;
 each calls `register` as it is imported."""
 _loaded = False
+_off: bool | None = None
 
 
 class Tracer(Protocol):
@@ -80,9 +81,17 @@ def hooks() -> Hooks | None:
     return _hooks
 
 
+def _switched_off() -> bool:
+    """TASKQ_OTEL is off (read once per process: it is set before the process starts)."""
+    global _off
+    if _off is None:
+        _off = os.environ.get("TASKQ_OTEL", "").lower() in ("off", "0", "false")
+    return _off
+
+
 def active() -> Tracer | None:
     """The integration's tracer when OpenTelemetry traces in this process, else None."""
-    if "opentelemetry" not in sys.modules or os.environ.get("TASKQ_OTEL", "").lower() in ("off", "0", "false"):
+    if "opentelemetry" not in sys.modules or (_off if _off is not None else _switched_off()):
         return None
     found = hooks()
     return None if found is None else found.tracer()
