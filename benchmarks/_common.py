@@ -42,10 +42,23 @@ BUSY_LOAD_PER_CPU = 0.5
 # -- the machine ---------------------------------------------------------------------------------
 
 
+def cpu_model() -> str | None:
+    """The CPU's model name (/proc/cpuinfo), None where there is none."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
 def machine() -> dict[str, Any]:
-    """CPU count, load averages now, and the Python and OS the benchmark runs on."""
+    """CPU model and count, load averages now, and the Python and OS the benchmark runs on."""
     load1, load5, load15 = os.getloadavg()
     return {
+        "cpu_model": cpu_model(),
         "cpus": os.cpu_count(),
         "loadavg": [round(load1, 2), round(load5, 2), round(load15, 2)],
         "python": platform.python_version(),

@@ -107,6 +107,8 @@ SELECT extract(epoch FROM max(created) FILTER (WHERE status = 'successful')
 FROM pgqueuer_log
 """
 COMMITS_SQL = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+WAL_SQL = "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn"
+"""WAL written so far, in bytes (the whole server's: nothing else runs during a drain but autovacuum)."""
 
 
 @dataclass
@@ -220,6 +222,7 @@ def drain(system: System, case: str, workers: int, jobs: int, timeout: float, ta
         own_server = server._conn.execute("SELECT pg_backend_pid()").fetchone()
         system.own_backends = {int(own[0]) if own else -1, int(own_server[0]) if own_server else -1}
         (commits_before,) = conn.execute(COMMITS_SQL).fetchone() or (0,)
+        (wal_before,) = conn.execute(WAL_SQL).fetchone() or (0,)
         procs = []
         for i in range(workers):
             with open(logs / f"defaults-{tag}-w{i}.log", "wb") as log_file:
@@ -249,6 +252,7 @@ def drain(system: System, case: str, workers: int, jobs: int, timeout: float, ta
             server.close()
         conn.execute("SELECT pg_stat_clear_snapshot()")
         (commits_after,) = conn.execute(COMMITS_SQL).fetchone() or (0,)
+        (wal_after,) = conn.execute(WAL_SQL).fetchone() or (0,)
         row = conn.execute(PGQ_DRAIN_SQL if system.kind == "pgqueuer" else TASKQ_DRAIN_SQL).fetchone()
         drain_s = float(row[0]) if row and row[0] is not None else float("nan")
         result: dict[str, Any] = {"system": system.name, "case": case, "workers": workers, "jobs": jobs,
@@ -271,6 +275,7 @@ def drain(system: System, case: str, workers: int, jobs: int, timeout: float, ta
         "pg_cores": server_s / window if window else None,
         "machine_busy": (last.busy - first.busy) / (last.total - first.total) if last.total > first.total else None,
         "commits_per_job": max(0, int(commits_after) - int(commits_before) - 2 * polls - 3) / jobs,
+        "wal_bytes_per_job": (int(wal_after) - int(wal_before)) / jobs,
     }
     return result
 
@@ -341,7 +346,8 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     return {"jobs_per_s": med("jobs_per_s"), "rounds": rates, "max_over_min": max(rates) / min(rates),
             "pg_us_per_job": med("pg_us_per_job"), "py_us_per_job": med("py_us_per_job"),
             "pg_cores": med("pg_cores"), "py_cores": med("py_cores"), "machine_busy": med("machine_busy"),
-            "commits_per_job": med("commits_per_job"), "claim_batch": med("claim_batch"),
+            "commits_per_job": med("commits_per_job"), "wal_bytes_per_job": med("wal_bytes_per_job"),
+            "claim_batch": med("claim_batch"),
             "finish_batch": med("finish_batch")}
 
 
@@ -418,11 +424,11 @@ def main() -> None:
           f"{info['loadavg']} at the start, {after['loadavg']} at the end, {info['cpus']} CPUs")
     print_table(
         ["system", "case", "workers", "jobs/s", "rounds", "max/min", "PG µs/job", "py µs/job", "PG cores",
-         "py cores", "machine busy", "commits/job", "claim batch", "finish batch"],
+         "py cores", "machine busy", "commits/job", "WAL B/job", "claim batch", "finish batch"],
         [[key.split("/")[0], key.split("/")[1], int(key.split("/")[2]), v["jobs_per_s"],
           " / ".join(f"{x:,.0f}" for x in v["rounds"]), v["max_over_min"], v["pg_us_per_job"], v["py_us_per_job"],
           v["pg_cores"], v["py_cores"], f"{100 * v['machine_busy']:.0f}%", v["commits_per_job"],
-          v["claim_batch"], v["finish_batch"]] for key, v in summary.items()],
+          v["wal_bytes_per_job"], v["claim_batch"], v["finish_batch"]] for key, v in summary.items()],
     )
     if mem:
         print()

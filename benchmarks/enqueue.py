@@ -11,8 +11,9 @@ one table with its primary key and one partial claim index), a prepared INSERT p
 PgQueuer 1.6 in a virtualenv of its own, `--pgqueuer-venv`, with asyncpg; left out when that virtualenv
 is missing) runs in a subprocess (benchmarks/pgqueuer_app.py produce) and enqueues as its documentation
 shows, one job per call (i) and lists of 100 (j); its schema is installed by its own code in the same
-database. Every producer writes the same payload document. (k, l) write enqueue_many's rows by hand, as a binary COPY and as the one unnest
-statement enqueue_many sends, to tell which way of writing a batch is cheaper.
+database. Every producer writes the same payload document. (k, l) write enqueue_many's rows by hand,
+as a binary COPY and as the one unnest statement enqueue_many sends, to tell which way of writing a
+batch is cheaper.
 
 Without --dsn (and without TASKQ_DSN) it uses the embedded server. Either way it creates a fresh
 database on that server, migrates it, and drops it at the end, so it needs CREATEDB rights.
@@ -39,7 +40,7 @@ from typing import Any
 
 import lean_queue
 import psycopg
-from _common import as_url
+from _common import as_url, cpu_model
 from psycopg import sql as pgsql
 from psycopg.conninfo import make_conninfo
 from pydantic import BaseModel
@@ -523,6 +524,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "enqueue",
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {
+            "cpu_model": cpu_model(),
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "platform": platform.platform(),

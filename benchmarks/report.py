@@ -235,6 +235,51 @@ def take_otel_overhead(reports: Sequence[dict[str, Any]]) -> Table:
     return ["set-up", "bare SDK span µs", "taskq consumer span µs", "taskq's own µs"], rows, notes
 
 
+def take_summary(reports: Sequence[dict[str, Any]]) -> Table:
+    """Issue 34's one table: the drain at the defaults (defaults.py), the producers (enqueue.py) and the
+    pickup at light load (latency.py), for taskq, PgQueuer and the lean loop, from three results files."""
+    by_name = {r.get("benchmark"): r for r in reports}
+    if set(by_name) != {"defaults", "enqueue", "latency"}:
+        raise SystemExit("summary: give the results of defaults.py, enqueue.py and latency.py")
+    drains, enq, lat = by_name["defaults"]["summary"], by_name["enqueue"]["results"], by_name["latency"]
+
+    def drain(system: str, workers: int, what: str) -> str:
+        s = drains.get(f"{system}/defaults/{workers}")
+        if s is None:
+            return "-"
+        if what == "cpu":
+            return f"{s['pg_us_per_job']:.1f} / {s['py_us_per_job']:.1f}"
+        if what == "wal":
+            return _num(s.get("wal_bytes_per_job"))
+        return _num(s[what], 3 if what == "commits_per_job" else 0)
+
+    def produce(key: str) -> str:
+        return _num(enq[key]["median"]) if key in enq else "-"
+
+    def pickup(figures: dict[str, Any] | None) -> str:
+        return "-" if figures is None else f"{figures['p50']:.2f} / {figures['p99']:.2f}"
+
+    rows = []
+    for label, system, single, many, picked in (
+            ("taskq, no settings", "taskq", "enqueue_single", "enqueue_many_100",
+             lat["results"]["enqueue_to_start_ms"]),
+            ("PgQueuer 1.6, its defaults", "pgqueuer", "pgqueuer_single", "pgqueuer_many_100", None),
+            ("lean psycopg loop", None, "lean_single", "lean_many_100", lat["lean"]["enqueue_to_start_ms"])):
+        rows.append([label, *(drain(system, w, "jobs_per_s") if system else "-" for w in (1, 2)),
+                     drain(system, 1, "cpu") if system else "-", drain(system, 1, "commits_per_job") if system else "-",
+                     drain(system, 1, "wal") if system else "-", produce(single), produce(many), pickup(picked)])
+    m, server = by_name["defaults"]["machine"], by_name["defaults"]["server"]
+    notes = [f"Machine: {m.get('cpu_model') or 'CPU not recorded'}, {m['cpus']} CPUs; PostgreSQL {server['version']} "
+             f"(synchronous_commit {server['synchronous_commit']}, fsync {server.get('fsync', '?')}, "
+             f"shared_buffers {server.get('shared_buffers', '?')}). "
+             f"Drains of {by_name['defaults']['params']['jobs']:,} no-op jobs (defaults.py), producers (enqueue.py), "
+             "pickup at "
+             f"{lat['params']['rate']:g} jobs/s (latency.py): three runs of one session, each system in the same run."]
+    return (["system", "drain, 1 worker (jobs/s)", "drain, 2 workers (jobs/s)", "PG / Python µs per job (1 worker)",
+             "commits per job", "WAL bytes per job", "enqueue, 1 job/commit (jobs/s)", "enqueue_many(100) (jobs/s)",
+             "pickup p50 / p99 (ms)"], rows, notes)
+
+
 WORKFLOW_FIGURES: tuple[tuple[str, str, float | None], ...] = (
     ("terminal_tx_ms", "fan-out: the parent's terminal transaction (ms)", 200.0),
     ("fanout_settled_in_parent_tx", "fan-out: children settled in that transaction", None),
@@ -292,6 +337,7 @@ IMPORTERS: dict[str, Callable[[Sequence[dict[str, Any]]], Table]] = {
     "otel": take_otel,
     "otel_overhead": take_otel_overhead,
     "shutdown": take_shutdown,
+    "summary": take_summary,
     "sync_client": take_sync_client,
     "throughput": take_throughput,
     "unique": take_unique,
