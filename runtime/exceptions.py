@@ -270,6 +270,12 @@ class StandInError(TaskqError):
     remote_traceback: str = ""
 
 
+class BenchFailed(TaskqError):
+    """Raised by `taskq bench` (taskq.ops.bench) when a run cannot give its figures: a worker process it
+    started exited, jobs stopped moving for a minute, or drain jobs did not succeed. The run's rows are
+    deleted all the same."""
+
+
 class CliError(TaskqError):
     """A failure a `taskq` command reports to the user as one line, exiting with `code`."""
 

@@ -33,7 +33,7 @@ from typing import NoReturn
 import psycopg
 from psycopg_pool import PoolTimeout
 
-from taskq.cli import database, doctor, durable, jobs, lifecycle, prune, queues, schedules, tokens, web, worker
+from taskq.cli import bench, database, doctor, durable, jobs, lifecycle, prune, queues, schedules, tokens, web, worker
 from taskq.cli._base import ERROR_PREFIX, PROG, Command
 from taskq.dsn import scrub
 from taskq.embedded import INSTALL_HINT
@@ -75,6 +75,7 @@ COMMANDS: tuple[Command, ...] = (
     database.MIGRATE,
     database.DSN,
     doctor.DOCTOR,
+    bench.BENCH,
     jobs.ENQUEUE,
     jobs.CANCEL,
     *lifecycle.commands(),

@@ -49,6 +49,19 @@ def seconds_arg(text: str) -> float:
     return value
 
 
+def seconds_up_to(high: float) -> Callable[[str], float]:
+    """A positive, finite number of seconds, at most `high`."""
+
+    def parse(text: str) -> float:
+        value = seconds_arg(text)
+        if value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high:g} seconds, got {text!r}")
+        return value
+
+    parse.__name__ = "seconds"
+    return parse
+
+
 _RELATIVE = re.compile(r"^\+(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
