@@ -65,9 +65,9 @@ def _wrap_spawn(original: Callable[[Consumers, ClaimedJob], None]) -> Callable[[
     return spawn
 
 
-ClaimWake.set = _wrap_set(ClaimWake.set)  # type: ignore[method-assign]
+ClaimWake.set = _wrap_set(ClaimWake.set)  # type: ignore[method-assign,assignment]
 WorkerStore.claim = _wrap_claim(WorkerStore.claim)  # type: ignore[method-assign]
-Consumers.spawn = _wrap_spawn(Consumers.spawn)  # type: ignore[method-assign]
+Consumers.spawn = _wrap_spawn(Consumers.spawn)  # type: ignore[method-assign,assignment]
 
 
 @actor(name=TRACE, registry=actors)

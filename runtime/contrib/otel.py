@@ -93,9 +93,10 @@ def _stored_parent(stored: dict[str, str]) -> tuple[context.Context, SpanContext
     header = stored.get("traceparent")
     found = _TRACEPARENT.fullmatch(header) if isinstance(header, str) and stored.keys() <= _W3C_KEYS else None
     if found is not None:
-        trace_id, span_id = int(found[1], 16), int(found[2], 16)
+        trace_hex, span_hex, flags = found.groups()
+        trace_id, span_id = int(trace_hex, 16), int(span_hex, 16)
         if trace_id and span_id:
-            span_context = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(int(found[3], 16)))
+            span_context = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(int(flags, 16)))
             return trace.set_span_in_context(NonRecordingSpan(span_context), _ROOT), span_context
     created = propagate.extract(stored)
     return created, trace.get_current_span(created).get_span_context()
@@ -182,10 +183,14 @@ def _for_provider(kind: str, provider: Any, make: Any) -> Any:
     return made
 
 
+def _make_tracing(provider: Any) -> Tracing:
+    return Tracing(provider.get_tracer("taskq", schema_url=SCHEMA_URL))
+
+
 def tracing() -> Tracing | None:
-    """The Tracing for the current global tracer provider; None while none is set."""
-    found: Tracing | None = _for_provider(
-        "trace", trace.get_tracer_provider(), lambda p: Tracing(p.get_tracer("taskq", schema_url=SCHEMA_URL)))
+    """The Tracing for the current global tracer provider; None while none is set (called per traced place:
+    a cache hit is one dictionary lookup and an identity test)."""
+    found: Tracing | None = _for_provider("trace", trace.get_tracer_provider(), _make_tracing)
     return found
 
 
