@@ -91,7 +91,7 @@ def _switched_off() -> bool:
 
 def active() -> Tracer | None:
     """The integration's tracer when OpenTelemetry traces in this process, else None."""
-    if "opentelemetry" not in sys.modules or (_off if _off is not None else _switched_off()):
+    if "opentelemetry" not in sys.modules or _switched_off():
         return None
     found = hooks()
     return None if found is None else found.tracer()

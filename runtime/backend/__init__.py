@@ -9,8 +9,7 @@
 - `workers`, `schedules`: the worker's claims, heartbeat, finish and reclaim, and its scheduler;
 - `supervisor`: the supervisor's short synchronous calls; `migrations`: the schema;
 - `invariants`: the consistency checks of `taskq.invariants`;
-- `bench`: what `taskq bench` reads of its own rows and its clean-up (its statements are inline for now,
-  until they move to `sql/bench.sql`);
+- `bench`: what `taskq bench` reads of its own rows and its clean-up (sql/bench.sql);
 - `*_sync`: the generated synchronous twins, and `sync_pool`, their pool.
 
 Nothing outside this package executes a query or holds a pool.
