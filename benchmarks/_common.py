@@ -29,7 +29,6 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from taskq.backend.migrations import migrate_dsn
 from taskq.dsn import redact_dsn, resolve_dsn
-from taskq.ops.bench import percentile as percentile  # re-exported: taskq bench's, the same figure both ways
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -344,6 +343,18 @@ def stop_workers(procs: Sequence[subprocess.Popen[bytes]], timeout: float = 30.0
 
 
 # -- statistics and output ---------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100) with linear interpolation between closest ranks. Kept here rather than
+    taken from taskq.ops.bench: the scripts also run under older checkouts' interpreters (A/B runs)."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def print_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
