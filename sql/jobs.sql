@@ -11,7 +11,7 @@
 INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
                         scheduled_at, schedule_to_close, parent_id, workflow_id, idempotent, trace_context, concurrency_key,
                         fairness_key, fair_tag)
-VALUES (%(id)s, %(actor)s, %(queue)s, %(payload)s::jsonb,
+VALUES (%(id)s, %(actor)s::text, %(queue)s::text, %(payload)s::jsonb,
         CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
         %(priority)s, %(tags)s::text[], %(max_attempts)s,
         greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),
@@ -67,7 +67,7 @@ FROM ins;
 INSERT INTO taskq.jobs (id, actor, queue, payload, status, priority, tags, max_attempts,
                         scheduled_at, schedule_to_close, parent_id, workflow_id, idempotent, unique_key, unique_scope,
                         trace_context, concurrency_key, fairness_key, fair_tag)
-VALUES (%(id)s, %(actor)s, %(queue)s, %(payload)s::jsonb,
+VALUES (%(id)s, %(actor)s::text, %(queue)s::text, %(payload)s::jsonb,
         CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled' ELSE 'pending' END,
         %(priority)s, %(tags)s::text[], %(max_attempts)s,
         greatest(coalesce(%(scheduled_at)s::timestamptz, now()), now()),

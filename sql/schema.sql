@@ -1,4 +1,4 @@
--- The taskq schema as migrations 0001..0020 leave it (the last: 0020_tags_index_partial.sql),
+-- The taskq schema as migrations 0001..0021 leave it (the last: 0021_job_domains.sql),
 -- with taskq.schema_migrations, which `taskq migrate` creates before the first. For reading only:
 -- taskq never runs this file, and the migrations stay the source of truth.
 --
@@ -7,6 +7,103 @@
 -- fails while this file and the migrated catalog differ.
 
 CREATE SCHEMA taskq;
+
+-- Domains: the types of columns whose checks are the domain's (sql/0021_job_domains.sql).
+
+CREATE DOMAIN taskq.jobs_actor AS text;
+
+CREATE DOMAIN taskq.jobs_attempt AS integer;
+
+CREATE DOMAIN taskq.jobs_cancel_phase AS smallint;
+
+CREATE DOMAIN taskq.jobs_claim_epoch AS bigint;
+
+CREATE DOMAIN taskq.jobs_concurrency_key AS text;
+
+CREATE DOMAIN taskq.jobs_dependency_mode AS text;
+
+CREATE DOMAIN taskq.jobs_fairness_key AS text;
+
+CREATE DOMAIN taskq.jobs_interrupt_count AS integer;
+
+CREATE DOMAIN taskq.jobs_max_attempts AS integer;
+
+CREATE DOMAIN taskq.jobs_parents_remaining AS integer;
+
+CREATE DOMAIN taskq.jobs_queue AS text;
+
+CREATE DOMAIN taskq.jobs_requeue_count AS integer;
+
+CREATE DOMAIN taskq.jobs_revision AS bigint;
+
+CREATE DOMAIN taskq.jobs_snooze_count AS integer;
+
+CREATE DOMAIN taskq.jobs_status AS text;
+
+CREATE DOMAIN taskq.jobs_unique_key AS text;
+
+CREATE DOMAIN taskq.jobs_unique_scope AS text;
+
+CREATE DOMAIN taskq.jobs_wait_kind AS text;
+
+CREATE DOMAIN taskq.jobs_wait_signal AS text;
+
+ALTER DOMAIN taskq.jobs_actor
+    ADD CONSTRAINT jobs_actor_check CHECK (((VALUE <> ''::text) AND (length(VALUE) <= 255))) NOT VALID;
+
+ALTER DOMAIN taskq.jobs_attempt
+    ADD CONSTRAINT jobs_attempt_check CHECK ((VALUE >= 0)) NOT VALID;
+
+ALTER DOMAIN taskq.jobs_cancel_phase
+    ADD CONSTRAINT jobs_cancel_phase_check CHECK (((VALUE >= 0) AND (VALUE <= 2))) NOT VALID;
+
+ALTER DOMAIN taskq.jobs_claim_epoch
+    ADD CONSTRAINT jobs_claim_epoch_check CHECK ((VALUE >= 0)) NOT VALID;
+
+ALTER DOMAIN taskq.jobs_concurrency_key
+    ADD CONSTRAINT jobs_concurrency_key_length CHECK (((VALUE <> ''::text) AND (length(VALUE) <= 255))) NOT VALID;
+
+ALTER DOMAIN taskq.jobs_dependency_mode
+    ADD CONSTRAINT jobs_dependency_mode_known CHECK ((VALUE = ANY (ARRAY['on_success'::text, 'on_any_terminal'::text]))) NOT VALID;
+
+ALTER DOMAIN taskq.jobs_fairness_key
+    ADD CONSTRAINT jobs_fairness_key_text CHECK (((VALUE <> ''::text) AND (length(VALUE) <= 200) AND (VALUE !~ '[[:cntrl:]]'::text))) NOT VALID;
+
+ALTER DOMAIN taskq.jobs_interrupt_count
+    ADD CONSTRAINT jobs_interrupt_count_check CHECK ((VALUE >= 0)) NOT VALID;
+
+ALTER DOMAIN taskq.jobs_max_attempts
+    ADD CONSTRAINT jobs_max_attempts_check CHECK ((VALUE >= 1)) NOT VALID;
+
+ALTER DOMAIN taskq.jobs_parents_remaining
+    ADD CONSTRAINT jobs_parents_remaining_positive CHECK ((VALUE >= 0)) NOT VALID;
+
+ALTER DOMAIN taskq.jobs_queue
+    ADD CONSTRAINT jobs_queue_check CHECK (((VALUE <> ''::text) AND (length(VALUE) <= 255))) NOT VALID;
+
+ALTER DOMAIN taskq.jobs_requeue_count
+    ADD CONSTRAINT jobs_requeue_count_positive CHECK ((VALUE >= 0)) NOT VALID;
+
+ALTER DOMAIN taskq.jobs_revision
+    ADD CONSTRAINT jobs_revision_check CHECK ((VALUE >= 1)) NOT VALID;
+
+ALTER DOMAIN taskq.jobs_snooze_count
+    ADD CONSTRAINT jobs_snooze_count_check CHECK ((VALUE >= 0)) NOT VALID;
+
+ALTER DOMAIN taskq.jobs_status
+    ADD CONSTRAINT jobs_status_check CHECK ((VALUE = ANY (ARRAY['pending'::text, 'scheduled'::text, 'running'::text, 'awaiting_parents'::text, 'succeeded'::text, 'failed'::text, 'cancelled'::text, 'crashed'::text, 'abandoned'::text]))) NOT VALID;
+
+ALTER DOMAIN taskq.jobs_unique_key
+    ADD CONSTRAINT jobs_unique_key_text CHECK (((VALUE <> ''::text) AND (length(VALUE) <= 255))) NOT VALID;
+
+ALTER DOMAIN taskq.jobs_unique_scope
+    ADD CONSTRAINT jobs_unique_scope_known CHECK ((VALUE = ANY (ARRAY['active'::text, 'retained'::text]))) NOT VALID;
+
+ALTER DOMAIN taskq.jobs_wait_kind
+    ADD CONSTRAINT jobs_wait_kind_known CHECK ((VALUE = ANY (ARRAY['sleep'::text, 'signal'::text]))) NOT VALID;
+
+ALTER DOMAIN taskq.jobs_wait_signal
+    ADD CONSTRAINT jobs_wait_signal_text CHECK (((VALUE <> ''::text) AND (length(VALUE) <= 200) AND (VALUE !~ '[[:cntrl:]]'::text))) NOT VALID;
 
 -- Tables, each followed by its identity column, keys, the constraints a migration added NOT VALID
 -- (enforced on every write; never validated against older rows) and its indexes.
@@ -214,17 +311,17 @@ ALTER TABLE ONLY taskq.job_steps
 
 CREATE TABLE taskq.jobs (
     id uuid DEFAULT gen_random_uuid() NOT NULL,
-    actor text NOT NULL,
-    queue text DEFAULT 'default'::text NOT NULL,
+    actor taskq.jobs_actor NOT NULL,
+    queue taskq.jobs_queue DEFAULT 'default'::text NOT NULL,
     payload jsonb DEFAULT 'null'::jsonb NOT NULL,
     result jsonb,
-    status text DEFAULT 'pending'::text NOT NULL,
+    status taskq.jobs_status DEFAULT 'pending'::text NOT NULL,
     priority integer DEFAULT 0 NOT NULL,
     tags text[] DEFAULT '{}'::text[] NOT NULL,
-    attempt integer DEFAULT 0 NOT NULL,
-    max_attempts integer DEFAULT 3 NOT NULL,
-    claim_epoch bigint DEFAULT 0 NOT NULL,
-    interrupt_count integer DEFAULT 0 NOT NULL,
+    attempt taskq.jobs_attempt DEFAULT 0 NOT NULL,
+    max_attempts taskq.jobs_max_attempts DEFAULT 3 NOT NULL,
+    claim_epoch taskq.jobs_claim_epoch DEFAULT 0 NOT NULL,
+    interrupt_count taskq.jobs_interrupt_count DEFAULT 0 NOT NULL,
     scheduled_at timestamp with time zone DEFAULT now() NOT NULL,
     schedule_to_close timestamp with time zone,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
@@ -232,93 +329,72 @@ CREATE TABLE taskq.jobs (
     finished_at timestamp with time zone,
     worker_id text,
     lock_expires_at timestamp with time zone,
-    cancel_phase smallint DEFAULT 0 NOT NULL,
+    cancel_phase taskq.jobs_cancel_phase DEFAULT 0 NOT NULL,
     cancel_requested_at timestamp with time zone,
     cancel_reason text,
     error_class text,
     error_message text,
     progress jsonb,
     parent_id uuid,
-    unique_key text COLLATE pg_catalog."C",
-    unique_scope text,
-    requeue_count integer DEFAULT 0 NOT NULL,
-    snooze_count integer DEFAULT 0 NOT NULL,
+    unique_key taskq.jobs_unique_key COLLATE pg_catalog."C",
+    unique_scope taskq.jobs_unique_scope,
+    requeue_count taskq.jobs_requeue_count DEFAULT 0 NOT NULL,
+    snooze_count taskq.jobs_snooze_count DEFAULT 0 NOT NULL,
     idempotent boolean DEFAULT true NOT NULL,
     schedule text,
     scheduled_for timestamp with time zone,
-    revision bigint DEFAULT 1 NOT NULL,
+    revision taskq.jobs_revision DEFAULT 1 NOT NULL,
     trace_context jsonb,
     has_dependents boolean DEFAULT false NOT NULL,
-    parents_remaining integer DEFAULT 0 NOT NULL,
-    dependency_mode text,
-    concurrency_key text,
-    fairness_key text,
+    parents_remaining taskq.jobs_parents_remaining DEFAULT 0 NOT NULL,
+    dependency_mode taskq.jobs_dependency_mode,
+    concurrency_key taskq.jobs_concurrency_key,
+    fairness_key taskq.jobs_fairness_key,
     fair_tag double precision,
     workflow_id uuid,
-    wait_kind text,
-    wait_signal text,
-    CONSTRAINT jobs_actor_check CHECK (((actor <> ''::text) AND (length(actor) <= 255))),
-    CONSTRAINT jobs_attempt_check CHECK ((attempt >= 0)),
-    CONSTRAINT jobs_cancel_phase_check CHECK (((cancel_phase >= 0) AND (cancel_phase <= 2))),
-    CONSTRAINT jobs_cancelled_has_request CHECK (((status <> 'cancelled'::text) OR (cancel_requested_at IS NOT NULL))),
-    CONSTRAINT jobs_claim_epoch_check CHECK ((claim_epoch >= 0)),
-    CONSTRAINT jobs_concurrency_key_length CHECK (((concurrency_key <> ''::text) AND (length(concurrency_key) <= 255))),
-    CONSTRAINT jobs_dependency_mode_known CHECK ((dependency_mode = ANY (ARRAY['on_success'::text, 'on_any_terminal'::text]))),
-    CONSTRAINT jobs_fairness_key_text CHECK (((fairness_key <> ''::text) AND (length(fairness_key) <= 200) AND (fairness_key !~ '[[:cntrl:]]'::text))),
-    CONSTRAINT jobs_interrupt_count_check CHECK ((interrupt_count >= 0)),
-    CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts >= 1)),
-    CONSTRAINT jobs_parents_remaining_positive CHECK ((parents_remaining >= 0)),
-    CONSTRAINT jobs_queue_check CHECK (((queue <> ''::text) AND (length(queue) <= 255))),
-    CONSTRAINT jobs_requeue_count_positive CHECK ((requeue_count >= 0)),
-    CONSTRAINT jobs_revision_check CHECK ((revision >= 1)),
-    CONSTRAINT jobs_running_is_held CHECK (((status <> 'running'::text) OR ((worker_id IS NOT NULL) AND (lock_expires_at IS NOT NULL)))),
+    wait_kind taskq.jobs_wait_kind,
+    wait_signal taskq.jobs_wait_signal,
+    CONSTRAINT jobs_cancelled_has_request CHECK ((((status)::text <> 'cancelled'::text) OR (cancel_requested_at IS NOT NULL))),
+    CONSTRAINT jobs_running_is_held CHECK ((((status)::text <> 'running'::text) OR ((worker_id IS NOT NULL) AND (lock_expires_at IS NOT NULL)))),
     CONSTRAINT jobs_schedule_slot CHECK (((schedule IS NULL) = (scheduled_for IS NULL))),
-    CONSTRAINT jobs_snooze_count_check CHECK ((snooze_count >= 0)),
-    CONSTRAINT jobs_terminal_has_finished_at CHECK (((status <> ALL (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text, 'crashed'::text, 'abandoned'::text])) OR (finished_at IS NOT NULL))),
-    CONSTRAINT jobs_unique_key_text CHECK (((unique_key <> ''::text) AND (length(unique_key) <= 255))),
-    CONSTRAINT jobs_unique_scope_known CHECK ((unique_scope = ANY (ARRAY['active'::text, 'retained'::text]))),
+    CONSTRAINT jobs_terminal_has_finished_at CHECK ((((status)::text <> ALL (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text, 'crashed'::text, 'abandoned'::text])) OR (finished_at IS NOT NULL))),
     CONSTRAINT jobs_unique_scope_with_key CHECK (((unique_key IS NULL) = (unique_scope IS NULL))),
-    CONSTRAINT jobs_wait_kind_known CHECK ((wait_kind = ANY (ARRAY['sleep'::text, 'signal'::text]))),
-    CONSTRAINT jobs_wait_signal_text CHECK (((wait_signal <> ''::text) AND (length(wait_signal) <= 200) AND (wait_signal !~ '[[:cntrl:]]'::text))),
-    CONSTRAINT jobs_wait_signal_with_kind CHECK (((wait_signal IS NULL) OR (wait_kind = 'signal'::text)))
+    CONSTRAINT jobs_wait_signal_with_kind CHECK (((wait_signal IS NULL) OR ((wait_kind)::text = 'signal'::text)))
 )
 WITH (fillfactor='70', autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='10000', vacuum_index_cleanup='on');
 
 ALTER TABLE ONLY taskq.jobs
     ADD CONSTRAINT jobs_pkey PRIMARY KEY (id);
 
-ALTER TABLE taskq.jobs
-    ADD CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'scheduled'::text, 'running'::text, 'awaiting_parents'::text, 'succeeded'::text, 'failed'::text, 'cancelled'::text, 'crashed'::text, 'abandoned'::text]))) NOT VALID;
+CREATE INDEX jobs_awaiting_queue_idx ON taskq.jobs USING btree (queue) WHERE ((status)::text = 'awaiting_parents'::text);
 
-CREATE INDEX jobs_awaiting_queue_idx ON taskq.jobs USING btree (queue) WHERE (status = 'awaiting_parents'::text);
+CREATE INDEX jobs_cancel_held_idx ON taskq.jobs USING btree (worker_id) WHERE (((status)::text = 'running'::text) AND (cancel_requested_at IS NOT NULL));
 
-CREATE INDEX jobs_cancel_held_idx ON taskq.jobs USING btree (worker_id) WHERE ((status = 'running'::text) AND (cancel_requested_at IS NOT NULL));
+CREATE INDEX jobs_claim_actor_idx ON taskq.jobs USING btree (actor, queue, priority, fair_tag NULLS FIRST, scheduled_at, id) WHERE ((status)::text = ANY (ARRAY['pending'::text, 'scheduled'::text]));
 
-CREATE INDEX jobs_claim_actor_idx ON taskq.jobs USING btree (actor, queue, priority, fair_tag NULLS FIRST, scheduled_at, id) WHERE (status = ANY (ARRAY['pending'::text, 'scheduled'::text]));
-
-CREATE INDEX jobs_claim_idx ON taskq.jobs USING btree (queue, priority, fair_tag NULLS FIRST, scheduled_at, id) WHERE (status = ANY (ARRAY['pending'::text, 'scheduled'::text]));
+CREATE INDEX jobs_claim_idx ON taskq.jobs USING btree (queue, priority, fair_tag NULLS FIRST, scheduled_at, id) WHERE ((status)::text = ANY (ARRAY['pending'::text, 'scheduled'::text]));
 
 CREATE INDEX jobs_created_at_idx ON taskq.jobs USING btree (created_at);
 
-CREATE INDEX jobs_fair_key_idx ON taskq.jobs USING btree (queue, COALESCE(fairness_key, ''::text), priority, fair_tag) WHERE ((status = ANY (ARRAY['pending'::text, 'scheduled'::text])) AND (fair_tag IS NOT NULL));
+CREATE INDEX jobs_fair_key_idx ON taskq.jobs USING btree (queue, COALESCE((fairness_key)::text, ''::text), priority, fair_tag) WHERE (((status)::text = ANY (ARRAY['pending'::text, 'scheduled'::text])) AND (fair_tag IS NOT NULL));
 
-CREATE INDEX jobs_fair_later_idx ON taskq.jobs USING btree (queue, scheduled_at) WHERE ((fair_tag = 'Infinity'::double precision) AND (status = ANY (ARRAY['pending'::text, 'scheduled'::text])));
+CREATE INDEX jobs_fair_later_idx ON taskq.jobs USING btree (queue, scheduled_at) WHERE ((fair_tag = 'Infinity'::double precision) AND ((status)::text = ANY (ARRAY['pending'::text, 'scheduled'::text])));
 
 CREATE INDEX jobs_parent_idx ON taskq.jobs USING btree (parent_id) WHERE (parent_id IS NOT NULL);
 
-CREATE INDEX jobs_retention_failed_idx ON taskq.jobs USING btree (finished_at) WHERE (status = ANY (ARRAY['failed'::text, 'crashed'::text, 'abandoned'::text]));
+CREATE INDEX jobs_retention_failed_idx ON taskq.jobs USING btree (finished_at) WHERE ((status)::text = ANY (ARRAY['failed'::text, 'crashed'::text, 'abandoned'::text]));
 
-CREATE INDEX jobs_retention_succeeded_idx ON taskq.jobs USING btree (finished_at) WHERE (status = ANY (ARRAY['succeeded'::text, 'cancelled'::text]));
+CREATE INDEX jobs_retention_succeeded_idx ON taskq.jobs USING btree (finished_at) WHERE ((status)::text = ANY (ARRAY['succeeded'::text, 'cancelled'::text]));
 
-CREATE INDEX jobs_running_lease_idx ON taskq.jobs USING btree (worker_id) WHERE (status = 'running'::text);
+CREATE INDEX jobs_running_lease_idx ON taskq.jobs USING btree (worker_id) WHERE ((status)::text = 'running'::text);
 
-CREATE INDEX jobs_running_scope_idx ON taskq.jobs USING btree (queue, actor, concurrency_key) WHERE ((status = 'running'::text) AND (queue IS NOT NULL));
+CREATE INDEX jobs_running_scope_idx ON taskq.jobs USING btree (queue, actor, concurrency_key) WHERE (((status)::text = 'running'::text) AND (queue IS NOT NULL));
 
 CREATE INDEX jobs_tags_idx ON taskq.jobs USING gin (tags) WHERE (tags <> '{}'::text[]);
 
-CREATE UNIQUE INDEX jobs_unique_key_idx ON taskq.jobs USING btree (unique_key) WHERE ((unique_key IS NOT NULL) AND ((unique_scope = 'retained'::text) OR (status = ANY (ARRAY['pending'::text, 'scheduled'::text, 'running'::text]))));
+CREATE UNIQUE INDEX jobs_unique_key_idx ON taskq.jobs USING btree (unique_key) WHERE ((unique_key IS NOT NULL) AND (((unique_scope)::text = 'retained'::text) OR ((status)::text = ANY (ARRAY['pending'::text, 'scheduled'::text, 'running'::text]))));
 
-CREATE INDEX jobs_waiting_idx ON taskq.jobs USING btree (wait_kind, scheduled_at) WHERE ((status = 'scheduled'::text) AND (wait_kind IS NOT NULL));
+CREATE INDEX jobs_waiting_idx ON taskq.jobs USING btree (wait_kind, scheduled_at) WHERE (((status)::text = 'scheduled'::text) AND (wait_kind IS NOT NULL));
 
 CREATE INDEX jobs_workflow_idx ON taskq.jobs USING btree (workflow_id) WHERE (workflow_id IS NOT NULL);
 
@@ -1203,7 +1279,7 @@ BEGIN
                SELECT 'actor:' || actor, rate_period FROM al WHERE rate_limit IS NOT NULL) AS w, clock
         WHERE r.scope = w.scope AND r.started_at <= clock.ts - w.rate_period * interval '1 second'
     )
-    SELECT c.id, c.actor, c.queue, c.payload, c.attempt, c.max_attempts, c.claim_epoch, c.progress,
+    SELECT c.id, c.actor::text, c.queue::text, c.payload, c.attempt::integer, c.max_attempts::integer, c.claim_epoch::bigint, c.progress,
            c.schedule_to_close, c.idempotent, c.scheduled_for, c.trace_context
     FROM claimed AS c
     ORDER BY c.priority, c.id;
@@ -1393,7 +1469,7 @@ BEGIN
                SELECT 'actor:' || actor, rate_period FROM al WHERE rate_limit IS NOT NULL) AS w, clock
         WHERE r.scope = w.scope AND r.started_at <= clock.ts - w.rate_period * interval '1 second'
     )
-    SELECT c.id, c.actor, c.queue, c.payload, c.attempt, c.max_attempts, c.claim_epoch, c.progress,
+    SELECT c.id, c.actor::text, c.queue::text, c.payload, c.attempt::integer, c.max_attempts::integer, c.claim_epoch::bigint, c.progress,
            c.schedule_to_close, c.idempotent, c.scheduled_for, c.trace_context
     FROM claimed AS c
     ORDER BY c.priority, c.id;
@@ -1483,7 +1559,7 @@ BEGIN
         WHERE qc.rate_limit IS NOT NULL AND r.scope = 'queue:' || qc.name
           AND r.started_at <= clock.ts - qc.rate_period * interval '1 second'
     )
-    SELECT c.id, c.actor, c.queue, c.payload, c.attempt, c.max_attempts, c.claim_epoch, c.progress,
+    SELECT c.id, c.actor::text, c.queue::text, c.payload, c.attempt::integer, c.max_attempts::integer, c.claim_epoch::bigint, c.progress,
            c.schedule_to_close, c.idempotent, c.scheduled_for, c.trace_context
     FROM claimed AS c
     ORDER BY c.priority, c.id;
@@ -1575,7 +1651,7 @@ BEGIN
         WHERE qc.rate_limit IS NOT NULL AND r.scope = 'queue:' || qc.name
           AND r.started_at <= clock.ts - qc.rate_period * interval '1 second'
     )
-    SELECT c.id, c.actor, c.queue, c.payload, c.attempt, c.max_attempts, c.claim_epoch, c.progress,
+    SELECT c.id, c.actor::text, c.queue::text, c.payload, c.attempt::integer, c.max_attempts::integer, c.claim_epoch::bigint, c.progress,
            c.schedule_to_close, c.idempotent, c.scheduled_for, c.trace_context
     FROM claimed AS c
     ORDER BY c.priority, c.id;
@@ -1988,19 +2064,19 @@ CREATE TRIGGER api_tokens_revoked_once BEFORE UPDATE ON taskq.api_tokens FOR EAC
 
 CREATE TRIGGER job_events_operator_guard BEFORE INSERT ON taskq.job_events FOR EACH ROW WHEN ((new.kind = 'operator'::text)) EXECUTE FUNCTION taskq.operator_event_guard_v15();
 
-CREATE TRIGGER jobs_lease_deleted AFTER DELETE ON taskq.jobs FOR EACH ROW WHEN (((old.status = 'running'::text) AND (old.worker_id IS DISTINCT FROM COALESCE(NULLIF(current_setting('taskq.worker_id'::text, true), ''::text),
+CREATE TRIGGER jobs_lease_deleted AFTER DELETE ON taskq.jobs FOR EACH ROW WHEN ((((old.status)::text = 'running'::text) AND (old.worker_id IS DISTINCT FROM COALESCE(NULLIF(current_setting('taskq.worker_id'::text, true), ''::text),
         CASE
             WHEN starts_with(current_setting('application_name'::text), 'taskq-worker '::text) THEN substr(current_setting('application_name'::text), 14)
             ELSE NULL::text
         END)))) EXECUTE FUNCTION taskq.record_lease_loss();
 
-CREATE TRIGGER jobs_lease_taken AFTER UPDATE ON taskq.jobs FOR EACH ROW WHEN (((old.status = 'running'::text) AND (((new.status IS DISTINCT FROM old.status) OR (new.worker_id IS DISTINCT FROM old.worker_id)) OR (new.claim_epoch IS DISTINCT FROM old.claim_epoch)) AND (old.worker_id IS DISTINCT FROM COALESCE(NULLIF(current_setting('taskq.worker_id'::text, true), ''::text),
+CREATE TRIGGER jobs_lease_taken AFTER UPDATE ON taskq.jobs FOR EACH ROW WHEN ((((old.status)::text = 'running'::text) AND ((((new.status)::text IS DISTINCT FROM (old.status)::text) OR (new.worker_id IS DISTINCT FROM old.worker_id)) OR ((new.claim_epoch)::bigint IS DISTINCT FROM (old.claim_epoch)::bigint)) AND (old.worker_id IS DISTINCT FROM COALESCE(NULLIF(current_setting('taskq.worker_id'::text, true), ''::text),
         CASE
             WHEN starts_with(current_setting('application_name'::text), 'taskq-worker '::text) THEN substr(current_setting('application_name'::text), 14)
             ELSE NULL::text
         END)))) EXECUTE FUNCTION taskq.record_lease_loss();
 
-CREATE TRIGGER jobs_note_settled BEFORE UPDATE OF status ON taskq.jobs FOR EACH ROW WHEN ((new.has_dependents AND (new.status = ANY (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text, 'crashed'::text, 'abandoned'::text])) AND (old.status <> ALL (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text, 'crashed'::text, 'abandoned'::text])) AND (current_setting('taskq.settling'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION taskq.note_settled();
+CREATE TRIGGER jobs_note_settled BEFORE UPDATE OF status ON taskq.jobs FOR EACH ROW WHEN ((new.has_dependents AND ((new.status)::text = ANY (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text, 'crashed'::text, 'abandoned'::text])) AND ((old.status)::text <> ALL (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text, 'crashed'::text, 'abandoned'::text])) AND (current_setting('taskq.settling'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION taskq.note_settled();
 
 CREATE TRIGGER jobs_settle_dependents AFTER UPDATE ON taskq.jobs FOR EACH STATEMENT WHEN ((COALESCE(current_setting('taskq.settle_ids'::text, true), ''::text) <> ''::text)) EXECUTE FUNCTION taskq.settle_dependents_stmt();
 

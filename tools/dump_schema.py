@@ -104,6 +104,7 @@ def _table_of(entry: Entry, pattern: re.Pattern[str] | None = None) -> str:
 def normalise(dump: str, header: str) -> str:
     """The schema file for a `pg_dump --schema-only --schema=taskq --no-owner` of a migrated database."""
     schema: list[str] = []
+    domains: list[str] = []
     tables: dict[str, Table] = defaultdict(Table)
     foreign_keys: list[str] = []
     functions: list[str] = []
@@ -114,6 +115,8 @@ def normalise(dump: str, header: str) -> str:
     for entry in entries(dump):
         if entry.kind == "SCHEMA":
             schema.append(entry.body)
+        elif entry.kind == "DOMAIN" or (entry.kind == "CHECK CONSTRAINT" and entry.body.startswith("ALTER DOMAIN ")):
+            domains.append(entry.body)  # a domain, then the checks a migration added to it NOT VALID
         elif entry.kind == "TABLE":
             tables[entry.name].create = entry.body
         elif entry.kind == "SEQUENCE":  # only identity columns today; a serial needs its own placement
@@ -145,6 +148,9 @@ def normalise(dump: str, header: str) -> str:
         raise ValueError(f"objects of tables the dump does not create: {missing}")
 
     parts = [header, *schema]
+    if domains:
+        parts.append("-- Domains: the types of columns whose checks are the domain's (sql/0021_job_domains.sql).")
+        parts.extend(domains)
     parts.append(
         "-- Tables, each followed by its identity column, keys, the constraints a migration added NOT VALID\n"
         "-- (enforced on every write; never validated against older rows) and its indexes."

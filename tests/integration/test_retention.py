@@ -30,7 +30,7 @@ SEED_SQL = """
 WITH ins AS (
     INSERT INTO taskq.jobs (actor, status, attempt, claim_epoch, finished_at, created_at, cancel_requested_at,
                             worker_id, lock_expires_at)
-    SELECT 'seed', %(status)s, 1, 1,
+    SELECT 'seed', %(status)s::text, 1, 1,
            CASE WHEN %(finished)s THEN now() - %(age)s * interval '1 second' END,
            now() - %(age)s * interval '1 second' - interval '1 minute',
            CASE WHEN %(status)s = 'cancelled' THEN now() - %(age)s * interval '1 second' END,

@@ -67,6 +67,15 @@ FROM pg_constraint AS con JOIN pg_namespace AS n ON n.oid = con.connamespace
 LEFT JOIN pg_class AS c ON c.oid = con.conrelid LEFT JOIN pg_type AS ty ON ty.oid = con.contypid
 WHERE n.nspname = %(schema)s
 """
+# a domain's own definition (its checks are constraints above, named by the domain)
+_DOMAINS = """
+SELECT t.typname, format('domain %%s: %%s%%s%%s%%s', t.typname, format_type(t.typbasetype, t.typtypmod),
+                         ' COLLATE ' || quote_ident(co.collname), CASE WHEN t.typnotnull THEN ' NOT NULL' END,
+                         ' DEFAULT ' || t.typdefault)
+FROM pg_type AS t JOIN pg_namespace AS n ON n.oid = t.typnamespace JOIN pg_type AS b ON b.oid = t.typbasetype
+LEFT JOIN pg_collation AS co ON co.oid = t.typcollation AND t.typcollation <> b.typcollation
+WHERE n.nspname = %(schema)s AND t.typtype = 'd'
+"""
 _INDEXES = """
 SELECT ic.relname, format('index %%s: %%s%%s%%s', ic.relname, pg_get_indexdef(i.indexrelid),
                           CASE WHEN i.indisclustered THEN ' (clustered)' END,
@@ -160,8 +169,8 @@ SELECT format('%%s %%s', i.type, i.identity), format('object: %%s %%s', i.type, 
 FROM owned AS o CROSS JOIN LATERAL pg_identify_object(o.classid, o.objid, o.objsubid) AS i
 WHERE i.schema IS DISTINCT FROM 'pg_toast'  -- TOAST tables and their indexes are named by oids
 """
-_QUERIES = (_RELATIONS, _COLUMN_ORDER, _COLUMNS, _CONSTRAINTS, _INDEXES, _SEQUENCES, _FUNCTIONS, _VIEWS, _PRIVILEGES,
-            _COMMENTS, _INVENTORY)
+_QUERIES = (_RELATIONS, _COLUMN_ORDER, _COLUMNS, _CONSTRAINTS, _DOMAINS, _INDEXES, _SEQUENCES, _FUNCTIONS, _VIEWS,
+            _PRIVILEGES, _COMMENTS, _INVENTORY)
 
 
 def reparsed_triggers(conn: psycopg.Connection[Any]) -> list[tuple[str, str]]:
@@ -228,19 +237,23 @@ def test_the_description_covers_every_kind_of_object_the_schema_has(migrated: li
     text = "\n".join(migrated)
     for needle in (
         "relation jobs: kind r, persistence p, options {fillfactor=70,autovacuum_vacuum_scale_factor=0,",
-        "column jobs.unique_key: text COLLATE \"C\", storage x",
-        "column jobs.status: text NOT NULL DEFAULT 'pending'::text",
+        "column jobs.unique_key: taskq.jobs_unique_key COLLATE \"C\", storage x",
+        "column jobs.status: taskq.jobs_status NOT NULL DEFAULT 'pending'::text",
         "column queues.controlled: boolean GENERATED ALWAYS AS ((paused_at IS NOT NULL)",
         "column job_events.id: bigint NOT NULL GENERATED ALWAYS AS IDENTITY",
-        "constraint jobs.jobs_status_check: CHECK ((status = ANY (ARRAY['pending'::text,",
+        "constraint jobs.jobs_running_is_held: CHECK ((((status)::text <> 'running'::text) OR",
+        "constraint jobs_status.jobs_status_check: CHECK ((VALUE = ANY (ARRAY['pending'::text,",
+        "domain jobs_status: text",
         "index jobs_claim_idx: CREATE INDEX jobs_claim_idx ON taskq.jobs USING btree (queue, priority, "
-        "fair_tag NULLS FIRST, scheduled_at, id) WHERE (status = ANY (ARRAY['pending'::text, 'scheduled'::text]))",
+        "fair_tag NULLS FIRST, scheduled_at, id) WHERE ((status)::text = ANY (ARRAY['pending'::text, "
+        "'scheduled'::text]))",
         "sequence job_events_id_seq: bigint start 1 increment 1",
         "function taskq.settle_frontier(uuid[],text[],integer,uuid,uuid) (kind f):",
         "trigger jobs.jobs_lease_taken (enabled O): CREATE TRIGGER jobs_lease_taken AFTER UPDATE ON taskq.jobs",
         "privileges on function taskq.settle_backlog(integer): owner EXECUTE",
         "privileges on relation jobs: owner DELETE,",
         "object: table taskq.jobs",
+        "object: type taskq.jobs_status",
     ):
         assert needle in text, f"not in the description: {needle}"
 
@@ -285,29 +298,33 @@ def test_every_function_of_the_catalog_is_created_by_a_migration_the_versioned_r
 # -- the enums that mirror a CHECK list --------------------------------------------------------------------
 
 
-def check_definition(dsn: str, table: str, constraint: str) -> str:
+def check_definition(dsn: str, owner: str, constraint: str) -> str:
+    """The CHECK `constraint` of the table or domain `owner` (sql/0021_job_domains.sql: taskq.jobs's checks over
+    one column are its domains')."""
     with psycopg.connect(dsn) as conn:
         row = conn.execute(
-            "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint AS c JOIN pg_class AS t ON t.oid = c.conrelid "
-            "JOIN pg_namespace AS n ON n.oid = t.relnamespace WHERE n.nspname = %s AND t.relname = %s "
-            "AND c.conname = %s AND c.contype = 'c'",
-            (SCHEMA, table, constraint),
+            "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint AS c "
+            "JOIN pg_namespace AS n ON n.oid = c.connamespace LEFT JOIN pg_class AS t ON t.oid = c.conrelid LEFT JOIN pg_type AS d ON d.oid = c.contypid "
+            "WHERE n.nspname = %s AND coalesce(t.relname, d.typname) = %s AND c.conname = %s AND c.contype = 'c'",
+            (SCHEMA, owner, constraint),
         ).fetchone()
-    assert row is not None, f"no CHECK constraint {constraint} on {SCHEMA}.{table}"
+    assert row is not None, f"no CHECK constraint {constraint} on {SCHEMA}.{owner}"
     return str(row[0])
 
 
-def check_list(dsn: str, table: str, constraint: str, column: str, *, negated: bool = False) -> list[str]:
-    """The text values of a `column IN (...)` (or, negated, `column NOT IN (...)`) CHECK, in their order."""
-    definition = check_definition(dsn, table, constraint)
+def check_list(dsn: str, owner: str, constraint: str, column: str, *, negated: bool = False) -> list[str]:
+    """The text values of a `column IN (...)` (or, negated, `column NOT IN (...)`) CHECK, in their order; `column`
+    is VALUE for a domain's check, and a domain-typed column of a table's check may be written `(column)::text`."""
+    definition = check_definition(dsn, owner, constraint)
     operator = r"<> ALL" if negated else r"= ANY"
+    column = rf"(?:{column}|\({column}\)::text)"
     match = re.search(rf"\(?{column} {operator} \(ARRAY\[((?:'(?:[^']|'')*'::text(?:, )?)+)\]\)\)", definition)
     assert match is not None, f"{constraint} is no longer a list of {column} values: {definition}"
     return [value.replace("''", "'") for value in re.findall(r"'((?:[^']|'')*)'::text", match.group(1))]
 
 
 def test_job_status_is_the_check_list_of_jobs_status(module_dsn: str) -> None:
-    assert check_list(module_dsn, "jobs", "jobs_status_check", "status") == [s.value for s in JobStatus]
+    assert check_list(module_dsn, "jobs_status", "jobs_status_check", "VALUE") == [s.value for s in JobStatus]
 
 
 def test_the_event_kinds_are_the_check_list_of_job_events_kind(module_dsn: str) -> None:
@@ -320,8 +337,8 @@ def test_the_terminal_statuses_are_those_that_must_carry_finished_at(module_dsn:
 
 
 def test_the_persisted_cancel_phases_are_the_check_range_of_cancel_phase(module_dsn: str) -> None:
-    definition = check_definition(module_dsn, "jobs", "jobs_cancel_phase_check")
-    match = re.fullmatch(r"CHECK \(\(\(cancel_phase >= (\d+)\) AND \(cancel_phase <= (\d+)\)\)\)", definition)
+    definition = check_definition(module_dsn, "jobs_cancel_phase", "jobs_cancel_phase_check")
+    match = re.fullmatch(r"CHECK \(\(\(VALUE >= (\d+)\) AND \(VALUE <= (\d+)\)\)\)( NOT VALID)?", definition)
     assert match is not None, f"jobs_cancel_phase_check is no longer a range: {definition}"
     stored = range(int(match.group(1)), int(match.group(2)) + 1)
     # ABANDON_PENDING is the runtime's own step of the ladder, never written to the row
@@ -330,7 +347,7 @@ def test_the_persisted_cancel_phases_are_the_check_range_of_cancel_phase(module_
 
 
 def test_the_unique_scopes_are_the_check_list_of_unique_scope(module_dsn: str) -> None:
-    assert check_list(module_dsn, "jobs", "jobs_unique_scope_known", "unique_scope") == list(UNIQUE_SCOPES)
+    assert check_list(module_dsn, "jobs_unique_scope", "jobs_unique_scope_known", "VALUE") == list(UNIQUE_SCOPES)
 
 
 def test_the_check_list_reader_sees_a_value_the_enum_lacks(empty_dsn: str) -> None:
