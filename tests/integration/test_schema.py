@@ -304,7 +304,8 @@ def check_definition(dsn: str, owner: str, constraint: str) -> str:
     with psycopg.connect(dsn) as conn:
         row = conn.execute(
             "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint AS c "
-            "JOIN pg_namespace AS n ON n.oid = c.connamespace LEFT JOIN pg_class AS t ON t.oid = c.conrelid LEFT JOIN pg_type AS d ON d.oid = c.contypid "
+            "JOIN pg_namespace AS n ON n.oid = c.connamespace LEFT JOIN pg_class AS t ON t.oid = c.conrelid "
+            "LEFT JOIN pg_type AS d ON d.oid = c.contypid "
             "WHERE n.nspname = %s AND coalesce(t.relname, d.typname) = %s AND c.conname = %s AND c.contype = 'c'",
             (SCHEMA, owner, constraint),
         ).fetchone()
