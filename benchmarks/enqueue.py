@@ -3,7 +3,7 @@ same producers written as a lean psycopg loop and with PgQueuer, in the same run
 
     python benchmarks/enqueue.py [--dsn DSN] [--seconds 3] [--rounds 3] [--slices 6]
                                  [--loop uvloop|asyncio] [--json benchmarks/results/enqueue.json]
-                                 [--pgqueuer-venv DIR]
+                                 [--pgqueuer-venv DIR] [--checkout NAME=ROOT:VENV ...] [--only a,c,g,...]
 
 The lean loop (g, h) is what a team would write by hand for a queue of its own (benchmarks/lean_queue.py:
 one table with its primary key and one partial claim index), a prepared INSERT per job (g) or one INSERT
@@ -14,6 +14,13 @@ shows, one job per call (i) and lists of 100 (j); its schema is installed by its
 database. Every producer writes the same payload document. (k, l) write enqueue_many's rows by hand,
 as a binary COPY and as the one unnest statement enqueue_many sends, to tell which way of writing a
 batch is cheaper.
+
+`--checkout NAME=ROOT:VENV` adds another taskq checkout's producers to the same run, for a before/after in
+one run: its own database on the same server, migrated by that checkout (`VENV/bin/taskq migrate`), and
+this script run under VENV's interpreter as a subprocess (`--produce`) measuring (a) and (c) with that
+checkout's client, reported as `(a) NAME` and `(c) NAME` and taken in the same rotation as the rest.
+`--only` keeps only the measurements named by their letters (a,c,g,h,...; a checkout's and PgQueuer's
+legs are named by a and c, and i and j), to make a focused before/after shorter.
 
 Without --dsn (and without TASKQ_DSN) it uses the embedded server. Either way it creates a fresh
 database on that server, migrates it, and drops it at the end, so it needs CREATEDB rights.
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import platform
@@ -52,6 +60,7 @@ from taskq.backend.migrations import migrate_dsn
 from taskq.client import JobsClient
 from taskq.dsn import redact_dsn, resolve_dsn
 
+THIS_SCRIPT = Path(__file__).resolve()
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "enqueue.json"
 SINGLE_TARGET_RATIO = 0.80  # (a) must reach 80 % of (b)
 BATCH_100_TARGET = 75_000.0  # jobs/s
@@ -289,6 +298,65 @@ class PgQueuerProducer:
             await self._proc.wait()
 
 
+class CheckoutProducer:
+    """Another taskq checkout's producers: this script under that checkout's interpreter (`--produce DSN`),
+    on a database of its own that the checkout migrated. Each stdin line `BATCH SECONDS` truncates that
+    database's jobs and enqueues for SECONDS (BATCH 1: `enqueue`, else `enqueue_many` of BATCH)."""
+
+    def __init__(self, name: str, venv: Path, dsn: str) -> None:
+        self.name = name
+        self._venv = venv
+        self._dsn = dsn
+        self._proc: asyncio.subprocess.Process | None = None
+
+    async def start(self, loop: str) -> None:
+        migrate = await asyncio.create_subprocess_exec(str(self._venv / "bin" / "taskq"), "migrate", "--dsn",
+                                                       self._dsn, stdout=asyncio.subprocess.DEVNULL)
+        if await migrate.wait() != 0:
+            raise SystemExit(f"checkout {self.name}: taskq migrate failed")
+        self._proc = await asyncio.create_subprocess_exec(
+            str(self._venv / "bin" / "python"), str(THIS_SCRIPT), "--produce", self._dsn,
+            "--loop", loop, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+
+    async def run(self, seconds: float, batch: int) -> Sample:
+        proc = self._proc
+        assert proc is not None and proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(f"{batch} {seconds}\n".encode())
+        await proc.stdin.drain()
+        line = await proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"checkout {self.name}: its producer ended early")
+        got = json.loads(line)
+        return Sample(jobs=got["jobs"], seconds=got["seconds"], client_cpu=got["client_cpu_s"],
+                      server_cpu=got["server_cpu_s"])
+
+    async def close(self) -> None:
+        if self._proc is not None and self._proc.stdin is not None:
+            self._proc.stdin.close()
+            await self._proc.wait()
+
+
+async def produce(dsn: str) -> None:
+    """The `--produce` side of CheckoutProducer, run under the other checkout's interpreter."""
+    client = await JobsClient.connect(dsn, registry=registry, min_size=1, max_size=1)
+    try:
+        async with client.backend.pool.connection() as conn:
+            pid = await backend_pid(conn)
+        reader = asyncio.StreamReader()
+        await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+        while line := await reader.readline():
+            batch, seconds = int(line.split()[0]), float(line.split()[1])
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                await conn.execute("TRUNCATE taskq.jobs, taskq.job_events, taskq.fair_queues")
+                await conn.execute("VACUUM ANALYZE taskq.jobs")
+            sample = await (bench_enqueue_single(client, pid, seconds) if batch == 1
+                            else bench_enqueue_many(client, pid, seconds, batch))
+            print(json.dumps({"jobs": sample.jobs, "seconds": sample.seconds, "client_cpu_s": sample.client_cpu,
+                              "server_cpu_s": sample.server_cpu}), flush=True)
+    finally:
+        await client.close()
+
+
 async def bench_enqueue_many(client: JobsClient, pid: int, seconds: float, batch: int) -> Sample:
     counter = 0
 
@@ -344,7 +412,9 @@ def _median(samples: list[Sample], field: str) -> float | None:
     return None if None in values else statistics.median(values)
 
 
-async def run(dsn: str, seconds: float, rounds: int, slices: int, pgqueuer_python: Path | None) -> dict[str, Any]:
+async def run(dsn: str, seconds: float, rounds: int, slices: int, pgqueuer_python: Path | None,
+              checkouts: list[CheckoutProducer] | None = None, only: set[str] | None = None,
+              loop: str = "uvloop") -> dict[str, Any]:
     # one pooled connection, so that its backend's CPU is the server's share of the work
     client = await JobsClient.connect(dsn, registry=registry, min_size=1, max_size=1)
     raw = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
@@ -409,6 +479,16 @@ async def run(dsn: str, seconds: float, rounds: int, slices: int, pgqueuer_pytho
                 Measurement("pgqueuer_single", "(i) PgQueuer enqueue, 1 job/call", lambda s: pgq.run(s, 1), []),
                 Measurement("pgqueuer_many_100", "(j) PgQueuer enqueue, lists of 100", lambda s: pgq.run(s, 100), []),
             ]
+        for checkout in checkouts or []:
+            await checkout.start(loop)
+            measurements += [
+                Measurement(f"enqueue_single@{checkout.name}", f"(a) {checkout.name}",
+                            functools.partial(checkout.run, batch=1), []),
+                Measurement(f"enqueue_many_100@{checkout.name}", f"(c) {checkout.name}",
+                            functools.partial(checkout.run, batch=100), []),
+            ]
+        if only is not None:
+            measurements = [m for m in measurements if m.label[1] in only]
         # warm up every path once (prepared statements, pool, caches), untimed
         for m in measurements:
             await m.run(min(0.5, seconds))
@@ -432,6 +512,8 @@ async def run(dsn: str, seconds: float, rounds: int, slices: int, pgqueuer_pytho
     finally:
         if pgq is not None:
             await pgq.close()
+        for checkout in checkouts or []:
+            await checkout.close()
         await lean.close()
         await raw.close()
         await client.close()
@@ -445,36 +527,40 @@ async def run(dsn: str, seconds: float, rounds: int, slices: int, pgqueuer_pytho
         }
         for m in measurements
     }
-    single, raw, many100 = (results[k]["median"] for k in ("enqueue_single", "raw_insert_single", "enqueue_many_100"))
-    results["targets"] = {
-        "enqueue_single_vs_raw": {
-            "ratio": single / raw,
-            "target": f">= {SINGLE_TARGET_RATIO:.2f}",
-            "met": single / raw >= SINGLE_TARGET_RATIO,
-        },
-        "enqueue_many_100": {
-            "jobs_per_s": many100,
-            "target": f">= {BATCH_100_TARGET:,.0f}",
-            "met": many100 >= BATCH_100_TARGET,
-        },
-    }
+    results["targets"] = {}
+    if {"enqueue_single", "raw_insert_single"} <= results.keys():
+        ratio = results["enqueue_single"]["median"] / results["raw_insert_single"]["median"]
+        results["targets"]["enqueue_single_vs_raw"] = {
+            "ratio": ratio, "target": f">= {SINGLE_TARGET_RATIO:.2f}", "met": ratio >= SINGLE_TARGET_RATIO}
+    if "enqueue_many_100" in results:
+        many100 = results["enqueue_many_100"]["median"]
+        results["targets"]["enqueue_many_100"] = {
+            "jobs_per_s": many100, "target": f">= {BATCH_100_TARGET:,.0f}", "met": many100 >= BATCH_100_TARGET}
     # issue 34's producer targets: against the lean loop (>= 0.8) and PgQueuer (single >= 1.2, batch >= 1.5)
     peers = {"enqueue_single_vs_lean": ("enqueue_single", "lean_single", LEAN_TARGET_RATIO),
              "enqueue_many_100_vs_lean": ("enqueue_many_100", "lean_many_100", LEAN_TARGET_RATIO),
              "enqueue_single_vs_pgqueuer": ("enqueue_single", "pgqueuer_single", PGQUEUER_SINGLE_TARGET),
              "enqueue_many_100_vs_pgqueuer": ("enqueue_many_100", "pgqueuer_many_100", PGQUEUER_BATCH_TARGET)}
     for name, (ours, theirs, target) in peers.items():
-        if theirs in results:
+        if {ours, theirs} <= results.keys():
             ratio = results[ours]["median"] / results[theirs]["median"]
             results["targets"][name] = {"ratio": ratio, "target": f">= {target:.2f}", "met": ratio >= target}
+    # a checkout's producers against this one's (no target: the before/after of a change)
+    results["checkouts"] = {
+        f"{ours}_vs_{name}": {"ratio": results[ours]["median"] / results[f"{ours}@{name}"]["median"],
+                              "server_cpu_us_per_job": [results[ours]["server_cpu_us_per_job"],
+                                                        results[f"{ours}@{name}"]["server_cpu_us_per_job"]]}
+        for name in sorted({k.split("@", 1)[1] for k in results if "@" in k})
+        for ours in ("enqueue_single", "enqueue_many_100")
+        if {ours, f"{ours}@{name}"} <= results.keys()}
     return results
 
 
 def print_table(results: dict[str, Any]) -> None:
-    names = [n for n in ("enqueue_single", "raw_insert_single", "enqueue_many_100", "enqueue_many_1000",
-                         "enqueue_single_keyed", "enqueue_many_100_keyed", "raw_copy_100", "raw_unnest_100",
-                         "lean_single", "lean_many_100",
-                         "pgqueuer_single", "pgqueuer_many_100") if n in results]
+    order = ("enqueue_single", "raw_insert_single", "enqueue_many_100", "enqueue_many_1000", "enqueue_single_keyed",
+             "enqueue_many_100_keyed", "raw_copy_100", "raw_unnest_100", "lean_single", "lean_many_100",
+             "pgqueuer_single", "pgqueuer_many_100")
+    names = [n for n in order if n in results] + [k for k in results if "@" in k]
     print(f"{'measurement':<38} {'jobs/s':>9} {'client us':>10} {'server us':>10}   rounds (jobs/s)")
     for name in names:
         r = results[name]
@@ -485,16 +571,22 @@ def print_table(results: dict[str, Any]) -> None:
         print(f"{r['label']:<38} {r['median']:>9,.0f} {client_text:>10} {server_text:>10}   {rounds}")
     print("(client us / server us: CPU per job of this process / of the PostgreSQL backend serving it)")
     t = results["targets"]
-    ratio = t["enqueue_single_vs_raw"]
-    print(f"(a)/(b) = {ratio['ratio']:.2f} (target {ratio['target']}): {'met' if ratio['met'] else 'MISSED'}")
-    many = t["enqueue_many_100"]
-    verdict = "met" if many["met"] else "MISSED"
-    print(f"(c) = {many['jobs_per_s']:,.0f} jobs/s (target {many['target']}): {verdict}")
+    if "enqueue_single_vs_raw" in t:
+        ratio = t["enqueue_single_vs_raw"]
+        print(f"(a)/(b) = {ratio['ratio']:.2f} (target {ratio['target']}): {'met' if ratio['met'] else 'MISSED'}")
+    if "enqueue_many_100" in t:
+        many = t["enqueue_many_100"]
+        print(f"(c) = {many['jobs_per_s']:,.0f} jobs/s (target {many['target']}): {'met' if many['met'] else 'MISSED'}")
     for target, label in (("enqueue_single_vs_lean", "(a)/(g)"), ("enqueue_many_100_vs_lean", "(c)/(h)"),
                           ("enqueue_single_vs_pgqueuer", "(a)/(i)"), ("enqueue_many_100_vs_pgqueuer", "(c)/(j)")):
         if target in t:
             r = t[target]
             print(f"{label} = {r['ratio']:.2f} (target {r['target']}): {'met' if r['met'] else 'MISSED'}")
+    for key, r in results.get("checkouts", {}).items():
+        ours, name = key.split("_vs_")
+        letter = "(a)" if ours == "enqueue_single" else "(c)"
+        print(f"{letter} / {letter} {name} = {r['ratio']:.3f} (server us/job {r['server_cpu_us_per_job'][0]:.1f} "
+              f"against {r['server_cpu_us_per_job'][1]:.1f})")
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -503,6 +595,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
     dsn = make_conninfo(admin, dbname=name)
+    databases = [name]
     try:
         await migrate_dsn(dsn)
         with psycopg.connect(dsn) as conn:
@@ -516,10 +609,19 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         pgq_python = args.pgqueuer_venv / "bin" / "python"
         if not pgq_python.exists():
             print(f"no PgQueuer virtualenv at {args.pgqueuer_venv}: its producer is left out", file=sys.stderr)
-        results = await run(dsn, args.seconds, args.rounds, args.slices, pgq_python if pgq_python.exists() else None)
+        checkouts = []
+        for checkout, venv in args.checkout:
+            databases.append(f"{name}_{checkout}")
+            with psycopg.connect(admin, autocommit=True) as conn:
+                conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(databases[-1])))
+            checkouts.append(CheckoutProducer(checkout, venv, make_conninfo(admin, dbname=databases[-1])))
+        only = None if args.only is None else set(args.only.split(","))
+        results = await run(dsn, args.seconds, args.rounds, args.slices, pgq_python if pgq_python.exists() else None,
+                            checkouts, only, args.loop)
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
+            for database in databases:
+                conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(database)))
     return {
         "benchmark": "enqueue",
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -537,6 +639,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             "loop": args.loop,
             "payload": _payload(0),
             "pgqueuer_venv": str(args.pgqueuer_venv),
+            "checkouts": {checkout: str(venv) for checkout, venv in args.checkout},
+            "only": args.only,
         },
         "results": results,
     }
@@ -553,8 +657,29 @@ def main() -> None:
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop", help="event loop (default uvloop)")
     parser.add_argument("--pgqueuer-venv", type=Path, default=Path("/work/venv-pgqueuer"),
                         help="a virtualenv with pgqueuer and asyncpg (its producer legs; left out if missing)")
+    parser.add_argument("--checkout", action="append", default=[], metavar="NAME=ROOT:VENV",
+                        help="another taskq checkout's producers (a) and (c) in the same run (repeatable)")
+    parser.add_argument("--only", default=None, metavar="a,c,g,...", help="only the measurements of these letters")
+    parser.add_argument("--produce", default=None, metavar="DSN", help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"where to write results ({DEFAULT_JSON})")
     args = parser.parse_args()
+    checkouts: list[tuple[str, Path]] = []
+    for spec in args.checkout:
+        checkout, _, paths = spec.partition("=")
+        venv = Path(paths.partition(":")[2])
+        if not checkout.isidentifier() or not (venv / "bin" / "taskq").exists():
+            parser.error(f"--checkout {spec!r}: expected NAME=ROOT:VENV, VENV with bin/taskq")
+        checkouts.append((checkout, venv))
+    args.checkout = checkouts
+    if args.produce is not None:
+        produced = produce(args.produce)
+        if args.loop == "uvloop":
+            import uvloop
+
+            uvloop.run(produced)
+        else:
+            asyncio.run(produced)
+        return
     if args.loop == "uvloop":
         import uvloop
 

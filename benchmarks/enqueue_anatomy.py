@@ -11,11 +11,12 @@ that does not use it:
 - `taskq.jobs`: the statement `job_insert` on the real table (notify false: the NOTIFY is `+ notify`);
 - `+ notify`: the same with its pg_notify (a single enqueue on a quiet queue notifies at once);
 - `copy`: the same statement on a copy with every index and check constraint (sanity: ≈ the first);
-- `copy, checks as domains`: the copy with each single-column check constraint (19 of 25) moved onto a domain
-  type of its column (a side row, like `+ notify`: the cumulative steps below go on from `copy`);
+- `copy, checks on the table`: the copy as it was before schema 21, each domain column retyped to its base type
+  and the domain's checks (19 of 25) put on the table (a side row, like `+ notify`: the cumulative steps below
+  go on from `copy`);
 - `- tags GIN`, `- created_at`, `- claim by actor`, `- claim`: the copy less those indexes, cumulatively;
 - `- partial indexes`: less every other partial index (their predicates are evaluated per insert);
-- `- checks`: less the check constraints;
+- `- checks`: less the check constraints (the table's, and the domains': their columns retyped to base types);
 - `- fair lookup`: a plain INSERT of the same values (no fair_queues lookup, no CASE);
 - `lean`: a table of (id uuid primary key, payload jsonb): the floor, what a bare insert costs.
 
@@ -24,7 +25,8 @@ After its inserts, each variant's rows are updated one per statement as a claim 
 attempt, claim_epoch, revision, worker and lease): the `UPDATE` column, PostgreSQL CPU per one-row update.
 PostgreSQL prepares a table's check constraints for each statement that writes to it (the expression read,
 planned and compiled again each time), so a one-row statement pays for all of them; a domain's checks are
-planned once per session (its type cache) and only for the columns the statement writes.
+planned once per session (its type cache) and only for the columns the statement writes. Since schema 21 the
+checks over one column are domains (the `copy` row); the side row puts them back on the table.
 """
 
 from __future__ import annotations
@@ -97,18 +99,23 @@ def _index_on(conn: psycopg.Connection[Any], table: str, like: str) -> str:
     return f"anat.{rows[0][0]}"
 
 
-def as_domains(conn: psycopg.Connection[Any], table: str) -> None:
-    """Each check constraint of `table` over one column becomes a domain of that column's type (anat.d_NAME) with
-    the same check, the column retyped to it; the checks over several columns stay on the table."""
-    checks = conn.execute(
-        "SELECT c.conname, pg_get_constraintdef(c.oid), a.attname, format_type(a.atttypid, a.atttypmod) "
-        "FROM pg_constraint AS c JOIN pg_attribute AS a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1] "
-        "WHERE c.conrelid = %s::regclass AND c.contype = 'c' AND cardinality(c.conkey) = 1", (table,)).fetchall()
-    for name, definition, column, type_ in checks:
-        check = re.sub(rf"\b{column}\b", "VALUE", definition.removesuffix(" NOT VALID"))
-        conn.execute(f'ALTER TABLE {table} DROP CONSTRAINT "{name}"')
-        conn.execute(f"CREATE DOMAIN anat.d_{name} AS {type_} CONSTRAINT {name} {check}")
-        conn.execute(f"ALTER TABLE {table} ALTER COLUMN {column} TYPE anat.d_{name}")
+def undomain(conn: psycopg.Connection[Any], table: str, *, keep_checks: bool) -> None:
+    """Each column of `table` typed by a domain is retyped to the domain's base type (its collation kept); with
+    `keep_checks`, the domain's checks become the table's, under their own names (the form before schema 21)."""
+    columns = conn.execute(
+        "SELECT a.attname, format_type(t.typbasetype, t.typtypmod), t.oid, "
+        "       CASE WHEN a.attcollation NOT IN (0, t.typcollation) THEN quote_ident(co.collname) END "
+        "FROM pg_attribute AS a JOIN pg_type AS t ON t.oid = a.atttypid AND t.typtype = 'd' "
+        "LEFT JOIN pg_collation AS co ON co.oid = a.attcollation "
+        "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped", (table,)).fetchall()
+    for column, base, domain, collation in columns:
+        checks = conn.execute("SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint WHERE contypid = %s",
+                              (domain,)).fetchall()
+        conn.execute(f"ALTER TABLE {table} ALTER COLUMN {column} TYPE {base}"
+                     + (f" COLLATE {collation}" if collation else ""))
+        for name, definition in checks if keep_checks else ():
+            check = re.sub(r"\bVALUE\b", column, definition.removesuffix(" NOT VALID"))
+            conn.execute(f'ALTER TABLE {table} ADD CONSTRAINT "{name}" {check}')
 
 
 def build(dsn: str) -> list[Variant]:
@@ -134,6 +141,7 @@ def build(dsn: str) -> list[Variant]:
                             "WHERE i.indrelid = %s::regclass AND NOT i.indisprimary", (table,)).fetchall():
                         conn.execute(f"DROP INDEX anat.{index}")
                 elif what == "*checks":
+                    undomain(conn, table, keep_checks=False)
                     for (check,) in conn.execute(
                             "SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'c'",
                             (table,)).fetchall():
@@ -142,14 +150,11 @@ def build(dsn: str) -> list[Variant]:
                     conn.execute(f"DROP INDEX {_index_on(conn, table, what)}")
             variants.append(Variant(name, table, insert.replace("INSERT INTO taskq.jobs ", f"INSERT INTO {table} ")))
             if name == "copy":
-                conn.execute("CREATE TABLE anat.domains (LIKE taskq.jobs INCLUDING DEFAULTS INCLUDING CONSTRAINTS "
+                conn.execute("CREATE TABLE anat.checks (LIKE taskq.jobs INCLUDING DEFAULTS INCLUDING CONSTRAINTS "
                              "INCLUDING INDEXES INCLUDING GENERATED)")
-                as_domains(conn, "anat.domains")
-                # a parameter written to a domain column and compared as text elsewhere needs one type: cast
-                typed = re.sub(r"%\((actor|queue)\)s,", r"%(\1)s::text,",
-                               re.sub(r"%\((priority|max_attempts)\)s,", r"%(\1)s::int,", insert))
-                variants.append(Variant("copy, checks as domains", "anat.domains",
-                                        typed.replace("INSERT INTO taskq.jobs ", "INSERT INTO anat.domains ")))
+                undomain(conn, "anat.checks", keep_checks=True)
+                variants.append(Variant("copy, checks on the table", "anat.checks",
+                                        insert.replace("INSERT INTO taskq.jobs ", "INSERT INTO anat.checks ")))
         last = variants[-1].table
         variants.append(Variant("- fair lookup", last, PLAIN_INSERT.format(table=last)))
         variants.append(Variant("lean", "anat.lean", LEAN_INSERT))
@@ -211,7 +216,7 @@ def main() -> int:
     for v in variants:
         cpu, wall = statistics.median(v.cpu_us), statistics.median(v.wall_us)
         update = statistics.median(v.update_us) if v.update_us else None
-        side = v.name in ("+ notify", "copy, checks as domains")
+        side = v.name in ("+ notify", "copy, checks on the table")
         step: float | None = None if previous is None or side or v.name == "copy" else previous - cpu
         rows.append([v.name, f"{cpu:.1f}", "" if step is None else f"{step:+.1f}", f"{wall:.0f}",
                      "" if update is None else f"{update:.1f}"])
