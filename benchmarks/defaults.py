@@ -351,6 +351,30 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
             "finish_batch": med("finish_batch")}
 
 
+def paired(results: list[dict[str, Any]], first: str) -> dict[str, Any]:
+    """Each system against `first`, round by round (the drains of one round ran minutes apart at most, so a VM
+    whose speed drifts between rounds moves both): per case and worker count, the median, lowest and highest
+    of the rounds' ratios of jobs/s and of CPU per job (PostgreSQL + workers)."""
+    by = {(r["system"], r["case"], r["workers"], r["round"]): r for r in results}
+    out: dict[str, Any] = {}
+    for (name, case, workers, _), _r in sorted(by.items()):
+        key = f"{name}/{case}/{workers}"
+        if name == first or key in out:
+            continue
+        rate, cpu = [], []
+        for (n, c, w, rnd), mine in sorted(by.items()):
+            theirs = by.get((first, case, workers, rnd))
+            if (n, c, w) != (name, case, workers) or theirs is None:
+                continue
+            rate.append(mine["jobs_per_s"] / theirs["jobs_per_s"])
+            cpu.append((mine["pg_us_per_job"] + mine["py_us_per_job"])
+                       / (theirs["pg_us_per_job"] + theirs["py_us_per_job"]))
+        if rate:
+            out[key] = {"against": first, "rounds": len(rate), "rate_ratio_median": statistics.median(rate),
+                        "rate_ratios": rate, "cpu_ratio_median": statistics.median(cpu), "cpu_ratios": cpu}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", default=None, help=DSN_HELP)
@@ -430,6 +454,15 @@ def main() -> None:
           v["pg_cores"], v["py_cores"], f"{100 * v['machine_busy']:.0f}%", v["commits_per_job"],
           v["wal_bytes_per_job"], v["claim_batch"], v["finish_batch"]] for key, v in summary.items()],
     )
+    pairs = paired(results, systems[0].name)
+    if pairs:
+        print(f"\npaired with {systems[0].name}, round by round (ratios: the system's / {systems[0].name}'s)")
+        print_table(["system", "case", "workers", "rounds", "jobs/s ratio, median", "lowest", "highest",
+                     "CPU/job ratio, median", "lowest", "highest"],
+                    [[*key.split("/"), v["rounds"],
+                      *(f"{x:.3f}" for x in (v["rate_ratio_median"], min(v["rate_ratios"]), max(v["rate_ratios"]),
+                                             v["cpu_ratio_median"], min(v["cpu_ratios"]), max(v["cpu_ratios"])))]
+                     for key, v in pairs.items()])
     if mem:
         print()
         print_table(["system", "RSS idle KiB", f"RSS with {MEMORY_JOBS:,} held KiB", "KiB per held job"],
@@ -450,7 +483,7 @@ def main() -> None:
     if odd:
         print(f"WARNING: bookkeeping off in {len(odd)} drains: {[(x['system'], x['round']) for x in odd]}")
     report = header("defaults", params, info, server_info) | {
-        "machine_after": after, "summary": summary, "drains": results, "memory": mem,
+        "machine_after": after, "summary": summary, "paired": pairs, "drains": results, "memory": mem,
         "latency": lat, "latency_summary": lat_summary,
     }
     print(f"wrote {write_report('defaults', report, args.json)}")

@@ -55,6 +55,9 @@ class ClaimedJob:
     scheduled_for: datetime | None = None
     trace_context: dict[str, str] | None = None
     """The W3C trace context the job was enqueued in (OpenTelemetry), or None."""
+    claim_sent: float | None = None
+    """time.monotonic() when the worker sent the claim that took the job (set by its dispatcher): the claim's
+    lease runs at least lock_timeout from then."""
 
 
 @dataclass(slots=True)

@@ -27,6 +27,7 @@ from taskq.exceptions import DependencyInvalid, LeaseLost, PayloadInvalid, Resul
 from taskq.metrics import JOB_DURATION, JOBS_COMPLETED, JOBS_SNOOZED
 from taskq.models import CancelMarker, CancelOrigin, CancelPhase, JobStatus
 from taskq.worker import transaction as job_tx
+from taskq.worker.decisions import confirm_before_start
 from taskq.worker.hooks import Hooks
 from taskq.worker.registry import ActiveJob
 
@@ -95,7 +96,8 @@ class Consumers:
     `executor_for(actor)` picks the executor of the actor's isolation; `release(entries)` gives an
     attempt a shutdown interrupted back to the fleet; `on_done(isolation)` follows the end of each consumer
     task (a slot of that isolation class is free); `job_log`, when set, writes the INFO line at each
-    attempt's start and finish."""
+    attempt's start and finish. With `lock_timeout`, an actor whose claim is older than half of it when it is
+    about to start runs only once the database confirms the row is still ours (decisions.confirm_before_start)."""
 
     def __init__(
         self,
@@ -110,6 +112,7 @@ class Consumers:
         release: Callable[[Sequence[ActiveJob]], Awaitable[None]],
         on_done: Callable[[str], None],
         job_log: JobLines | None,
+        lock_timeout: float | None = None,
     ) -> None:
         self._registry = registry
         self._actors = actors
@@ -121,6 +124,7 @@ class Consumers:
         self._release = release
         self._on_done = on_done
         self._job_log = job_log
+        self._lock_timeout = lock_timeout
         self.tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._completed = {s: JOBS_COMPLETED.labels(status=s)
@@ -227,6 +231,14 @@ class Consumers:
                 entry.finishing = True
                 return
             job.idempotent = False
+        lock_timeout = self._lock_timeout
+        if (lock_timeout is not None and confirm_before_start(job.claim_sent, time.monotonic(), lock_timeout)
+                and not await self._still_ours(entry, lock_timeout)):
+            log.warning("job %s attempt %d: claimed %.1fs ago (lock_timeout %gs) and no longer held by this worker "
+                        "(the process was frozen or its event loop blocked); not started", job.id, job.attempt,
+                        time.monotonic() - (job.claim_sent or 0.0), lock_timeout)
+            entry.finishing = True
+            return
         loop = self.loop
         last = job.progress.get("data") if isinstance(job.progress, dict) else None
         entry.ctx = JobContext(
@@ -272,6 +284,20 @@ class Consumers:
                 else:
                     self._ended(span, job, started, "succeeded", None, None)
                     await self._on_success(entry, actor, result)
+
+    async def _still_ours(self, entry: ActiveJob, lock_timeout: float) -> bool:
+        """The database's word that the row is still this attempt's, its lease renewed (the reconcile statement,
+        fenced on the claim epoch). When the database cannot answer, the actor starts as it would have: its
+        writes are fenced, and the heartbeat decides about the lease."""
+        job = entry.job
+        try:
+            async with self._backend.transaction() as conn:
+                held = await self._store.reconcile(conn, [(job.id, job.claim_epoch)], lock_timeout)
+        except Exception as exc:
+            log.warning("job %s attempt %d: could not confirm the claim before starting (%s); starting", job.id,
+                        job.attempt, exc)
+            return True
+        return job.id in held
 
     def _ended(self, span: Any, job: ClaimedJob, started: float, outcome: str, error_type: str | None,
                detail: str | None) -> None:

@@ -134,6 +134,15 @@ def lease_deadline(last_success: float, lock_timeout: float) -> float:
     return last_success + lock_timeout
 
 
+def confirm_before_start(claim_sent: float | None, now: float, lock_timeout: float) -> bool:
+    """Whether a claimed job's actor may start only after the database confirms the row is still ours: half
+    its claim's lease or more has passed since the claim was sent (the process was frozen, or its event loop
+    blocked, between the claim and the start). Before that no sweeper can have taken the row, whose claim
+    lock runs at least lock_timeout from the claim; from then on it may have, and an actor started on a row
+    already reclaimed would run after the job ended elsewhere (its writes fenced, its effects not)."""
+    return claim_sent is not None and now - claim_sent >= lock_timeout / 2
+
+
 def tick_window(now: float, last_success: float | None, *, holding: bool, consecutive_failures: int,
                 lock_timeout: float, heartbeat_interval: float) -> tuple[float, float]:
     """A heartbeat tick starting at `now`: the last success it counts from, and its deadline. Holding

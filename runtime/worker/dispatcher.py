@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -134,6 +135,7 @@ class Dispatcher:
                     self._wake.full = EMPTY
                 continue
             want = sum(sizes.values())
+            sent = time.monotonic()
             try:
                 jobs = await self.claim(sizes)
             except Exception as exc:
@@ -148,6 +150,7 @@ class Dispatcher:
                 await self._release_unstarted(jobs)
                 return
             for job in jobs:
+                job.claim_sent = sent
                 self._spawn(job)
             if jobs:
                 # counted after the new consumers' first steps, which start the actors

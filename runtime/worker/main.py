@@ -163,7 +163,7 @@ class Worker:
         releaser = Releaser(store, state, hooks, budget=self._release_budget)
         consumers = Consumers(registry, self.actors, backend, store, completer, hooks,
                               executor_for=self.executor_for, release=releaser.release, on_done=wake.slot_freed,
-                              job_log=self.job_log)
+                              job_log=self.job_log, lock_timeout=s.lock_timeout)
         controller = CancelController(registry, state, store, completer, hooks, worker_id=self.worker_id,
                                       cancellation_grace_period=s.cancellation_grace_period,
                                       cleanup_grace_period=s.cleanup_grace_period, on_abandoned=self.on_abandoned)

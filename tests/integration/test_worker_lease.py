@@ -4,6 +4,9 @@ and learns from lease_losses which rows were taken away from it."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,6 +16,7 @@ from testkit import query, running_worker, wait_for
 
 from taskq import JobContext, JobsClient, sql
 from taskq.actors.declaration import ActorRegistry, actor
+from taskq.backend.workers import ClaimedJob, HeldRow, WorkerStore
 from taskq.models import JobStatus
 
 pytestmark = pytest.mark.timeout(60)
@@ -201,3 +205,71 @@ def _scans(plan: dict[str, Any]) -> Any:
         yield plan
     for child in plan.get("Plans", []):
         yield from _scans(child)
+
+
+FROZEN = {"heartbeat_interval": 0.2, "lock_timeout": 1.0, "sweep_interval": 30.0, "poll_interval": 0.2}
+"""A lease of 1 s: a claim whose reply comes back 0.6 s after it was sent is past half of it."""
+
+
+def freeze_after_claim(dsn: str, store: WorkerStore, monkeypatch: pytest.MonkeyPatch, *, steal: bool) -> list[int]:
+    """The first claim that takes a job returns as from a process frozen for 0.6 s between the claim and the
+    actor's start (the event loop blocked: no heartbeat either). With `steal`, meanwhile the row went to another
+    claim (epoch and worker changed, as a sweeper and another worker would leave it), and the lease loss the
+    trigger records is gone too, so that only the check before the start can notice. Returns the reconcile
+    calls' sizes, appended as they happen."""
+    claim, reconcile = store.claim, store.reconcile
+    frozen: list[bool] = []
+    confirms: list[int] = []
+
+    async def claim_then_freeze(queues: Sequence[str], limit: int, lock_timeout: float) -> list[ClaimedJob]:
+        jobs = await claim(queues, limit, lock_timeout)
+        if jobs and not frozen:
+            frozen.append(True)
+            if steal:
+                query(dsn, "UPDATE taskq.jobs SET claim_epoch = claim_epoch + 1, worker_id = 'someone-else' "
+                      "WHERE id = %s", jobs[0].id)
+                query(dsn, "DELETE FROM taskq.lease_losses")
+            time.sleep(0.6)  # noqa: ASYNC251 (the freeze itself: nothing else of this process runs meanwhile)
+        return jobs
+
+    async def counted(conn: Any, held: Sequence[tuple[Any, int]], lock_timeout: float) -> dict[Any, HeldRow]:
+        confirms.append(len(held))
+        return await reconcile(conn, held, lock_timeout)
+
+    monkeypatch.setattr(store, "claim", claim_then_freeze)
+    monkeypatch.setattr(store, "reconcile", counted)
+    return confirms
+
+
+async def test_an_actor_claimed_past_half_its_lease_does_not_start_on_a_row_taken_meanwhile(
+    dsn: str, client: JobsClient, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker frozen between its claim and the actor's start (SIGSTOP, a VM pause, a blocked loop) past its
+    lease may find the row reclaimed and even ended elsewhere: its writes would be fenced, but the actor's
+    effects would happen for a job that already ended (the chaos run's history check I2 caught one). Past half
+    the lease the worker asks the database first; the row is another claim's, so the actor never starts and
+    nothing is written."""
+    reg, started, _ = sleeper_registry()
+    async with running_worker(dsn, reg, **FROZEN) as worker:
+        confirms = freeze_after_claim(dsn, worker.parts.store, monkeypatch, steal=True)
+        with caplog.at_level(logging.WARNING, logger="taskq.worker"):
+            handle = await client.enqueue("lease.sleeper", 1001)
+            await wait_for(lambda: "no longer held by this worker" in caplog.text)
+        await wait_for(lambda: len(worker.registry) == 0)
+        assert confirms == [1] and 1001 not in started
+        row = await handle.refresh()
+    assert row.status is JobStatus.RUNNING and row.worker_id == "someone-else" and row.claim_epoch == 2
+    assert [e.to_status for e in await client.events(handle.job_id)] == ["running"]
+
+
+async def test_an_actor_claimed_past_half_its_lease_starts_once_the_row_is_confirmed_ours(
+    dsn: str, client: JobsClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same freeze with the row still ours: the database confirms it (renewing its lock) and the actor runs
+    on the same claim."""
+    reg, started, _ = sleeper_registry()
+    async with running_worker(dsn, reg, **FROZEN) as worker:
+        confirms = freeze_after_claim(dsn, worker.parts.store, monkeypatch, steal=False)
+        row = await (await client.enqueue("lease.sleeper", 1001)).wait(timeout=15)
+        assert confirms == [1] and 1001 in started
+    assert (row.status, row.attempt, row.claim_epoch) == (JobStatus.SUCCEEDED, 1, 1)

@@ -17,6 +17,7 @@ from taskq.worker.decisions import (
     POOL_RECONNECT_TIMEOUT,
     claim_pause,
     claim_size,
+    confirm_before_start,
     db_in_doubt,
     free_slots,
     lease_deadline,
@@ -302,3 +303,11 @@ def test_worker_state_starts_clean() -> None:
     assert state.summary == {"released": [], "cancelled": [], "crashed": [], "held": []}
     assert isinstance(state.releases_settled, asyncio.Event)
     assert state.summary is not WorkerState().summary
+
+
+def test_an_actor_starts_unchecked_until_half_its_claims_lease_has_passed() -> None:
+    assert not confirm_before_start(100.0, 100.0, 30.0)
+    assert not confirm_before_start(100.0, 114.9, 30.0)
+    assert confirm_before_start(100.0, 115.0, 30.0)
+    assert confirm_before_start(100.0, 200.0, 30.0)
+    assert not confirm_before_start(None, 1e9, 30.0)  # a job no dispatcher claimed (no claim time)
