@@ -262,13 +262,39 @@ async def bench_raw_batch(conn: psycopg.AsyncConnection[Any], pid: int, seconds:
     return await _timed(seconds, step, pid)
 
 
-class PgQueuerProducer:
+class SubprocessProducer:
+    """A producer in a subprocess that answers each stdin line `BATCH SECONDS` with a line of JSON (jobs,
+    seconds, its own CPU and its serving backend's): PgQueuer's, or another taskq checkout's."""
+
+    def __init__(self, name: str, dsn: str) -> None:
+        self.name = name
+        self._dsn = dsn
+        self._proc: asyncio.subprocess.Process | None = None
+
+    async def run(self, seconds: float, batch: int) -> Sample:
+        proc = self._proc
+        assert proc is not None and proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(f"{batch} {seconds}\n".encode())
+        await proc.stdin.drain()
+        line = await proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"{self.name}: its producer ended early")
+        got = json.loads(line)
+        return Sample(jobs=got["jobs"], seconds=got["seconds"], client_cpu=got["client_cpu_s"],
+                      server_cpu=got["server_cpu_s"])
+
+    async def close(self) -> None:
+        if self._proc is not None and self._proc.stdin is not None:
+            self._proc.stdin.close()
+            await self._proc.wait()
+
+
+class PgQueuerProducer(SubprocessProducer):
     """PgQueuer's producer in a subprocess of its own virtualenv (benchmarks/pgqueuer_app.py produce)."""
 
     def __init__(self, python: Path, dsn: str) -> None:
+        super().__init__("PgQueuer", dsn)
         self._python = python
-        self._dsn = dsn
-        self._proc: asyncio.subprocess.Process | None = None
 
     async def start(self) -> None:
         app = str(PGQUEUER_APP)
@@ -280,60 +306,25 @@ class PgQueuerProducer:
                                                           stdin=asyncio.subprocess.PIPE,
                                                           stdout=asyncio.subprocess.PIPE)
 
-    async def run(self, seconds: float, batch: int) -> Sample:
-        proc = self._proc
-        assert proc is not None and proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write(f"{batch} {seconds}\n".encode())
-        await proc.stdin.drain()
-        line = await proc.stdout.readline()
-        if not line:
-            raise SystemExit("PgQueuer's producer ended early")
-        got = json.loads(line)
-        return Sample(jobs=got["jobs"], seconds=got["seconds"], client_cpu=got["client_cpu_s"],
-                      server_cpu=got["server_cpu_s"])
 
-    async def close(self) -> None:
-        if self._proc is not None and self._proc.stdin is not None:
-            self._proc.stdin.close()
-            await self._proc.wait()
-
-
-class CheckoutProducer:
+class CheckoutProducer(SubprocessProducer):
     """Another taskq checkout's producers: this script under that checkout's interpreter (`--produce DSN`),
     on a database of its own that the checkout migrated. Each stdin line `BATCH SECONDS` truncates that
     database's jobs and enqueues for SECONDS (BATCH 1: `enqueue`, else `enqueue_many` of BATCH)."""
 
     def __init__(self, name: str, venv: Path, dsn: str) -> None:
-        self.name = name
+        super().__init__(f"checkout {name}", dsn)
+        self.checkout = name
         self._venv = venv
-        self._dsn = dsn
-        self._proc: asyncio.subprocess.Process | None = None
 
     async def start(self, loop: str) -> None:
         migrate = await asyncio.create_subprocess_exec(str(self._venv / "bin" / "taskq"), "migrate", "--dsn",
                                                        self._dsn, stdout=asyncio.subprocess.DEVNULL)
         if await migrate.wait() != 0:
-            raise SystemExit(f"checkout {self.name}: taskq migrate failed")
+            raise SystemExit(f"{self.name}: taskq migrate failed")
         self._proc = await asyncio.create_subprocess_exec(
             str(self._venv / "bin" / "python"), str(THIS_SCRIPT), "--produce", self._dsn,
             "--loop", loop, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
-
-    async def run(self, seconds: float, batch: int) -> Sample:
-        proc = self._proc
-        assert proc is not None and proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write(f"{batch} {seconds}\n".encode())
-        await proc.stdin.drain()
-        line = await proc.stdout.readline()
-        if not line:
-            raise SystemExit(f"checkout {self.name}: its producer ended early")
-        got = json.loads(line)
-        return Sample(jobs=got["jobs"], seconds=got["seconds"], client_cpu=got["client_cpu_s"],
-                      server_cpu=got["server_cpu_s"])
-
-    async def close(self) -> None:
-        if self._proc is not None and self._proc.stdin is not None:
-            self._proc.stdin.close()
-            await self._proc.wait()
 
 
 async def produce(dsn: str) -> None:
@@ -482,9 +473,9 @@ async def run(dsn: str, seconds: float, rounds: int, slices: int, pgqueuer_pytho
         for checkout in checkouts or []:
             await checkout.start(loop)
             measurements += [
-                Measurement(f"enqueue_single@{checkout.name}", f"(a) {checkout.name}",
+                Measurement(f"enqueue_single@{checkout.checkout}", f"(a) {checkout.checkout}",
                             functools.partial(checkout.run, batch=1), []),
-                Measurement(f"enqueue_many_100@{checkout.name}", f"(c) {checkout.name}",
+                Measurement(f"enqueue_many_100@{checkout.checkout}", f"(c) {checkout.checkout}",
                             functools.partial(checkout.run, batch=100), []),
             ]
         if only is not None:
