@@ -68,6 +68,10 @@ NAMES = {
 
 
 def name_of(query: str) -> str:
+    """A statement's name: taskq's statements begin with `-- NAME` as sent (taskq.sql.compact)."""
+    first = query.split(" ", 2)
+    if len(first) > 1 and first[0] == "--" and first[1].isidentifier():
+        return first[1]
     for marker, name in NAMES.items():
         if marker in query:
             return name
