@@ -106,8 +106,9 @@ class Actor(Generic[P, R]):
             object.__setattr__(self, "queues", (self.queue,))
 
     def allows_queue(self, queue: str) -> bool:
-        """True when the actor may run a job in this queue (one of its `queues` patterns matches it)."""
-        return matches_any(self.queues, queue)
+        """True when the actor may run a job in this queue (one of its `queues` patterns matches it). A name
+        among the patterns matches itself, whatever it holds: the common case costs one tuple lookup."""
+        return queue in self.queues or matches_any(self.queues, queue)
 
     @property
     def limits(self) -> QueueLimits:

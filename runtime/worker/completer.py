@@ -30,7 +30,7 @@ class Completer:
 
     `outstanding_by_class` splits `outstanding` by isolation class, `class_of(job id)` telling the class of
     each outcome handed over (its job is still held then; a worker of one class passes none, and every
-    outcome counts on `single`); `on_queued(class)` is told it."""
+    outcome counts on `single`, and nothing is counted per class for it); `on_queued(class)` is told it."""
 
     def __init__(self, store: WorkerStore, *, give_up_after: float,
                  on_queued: Callable[[str], None] | None = None, on_written: Callable[[], None] | None = None,
@@ -42,7 +42,7 @@ class Completer:
         self._class_of = class_of
         self._single = single
         self.outstanding = 0
-        self.outstanding_by_class: dict[str, int] = {}
+        self._by_class: dict[str, int] = {}
         self._queue: list[tuple[Finish, asyncio.Future[str | None], str]] = []
         self._wake = asyncio.Event()
         self._closed = False
@@ -57,14 +57,24 @@ class Completer:
         # once per worker, not per job: get_running_loop() costs a getpid() system call each time
         loop = self._loop or self._bind_loop()
         future: asyncio.Future[str | None] = loop.create_future()
-        isolation = self._class_of(item.job_id) if self._class_of is not None else self._single
+        if self._class_of is None:
+            isolation = self._single
+        else:
+            isolation = self._class_of(item.job_id)
+            self._by_class[isolation] = self._by_class.get(isolation, 0) + 1
         self._queue.append((item, future, isolation))
         self.outstanding += 1
-        self.outstanding_by_class[isolation] = self.outstanding_by_class.get(isolation, 0) + 1
         self._wake.set()
         if self._on_queued is not None:
             self._on_queued(isolation)
         return await future
+
+    @property
+    def outstanding_by_class(self) -> dict[str, int]:
+        """`outstanding` per isolation class."""
+        if self._class_of is None:
+            return {self._single: self.outstanding}
+        return self._by_class
 
     def _bind_loop(self) -> asyncio.AbstractEventLoop:
         self._loop = asyncio.get_running_loop()
@@ -112,9 +122,10 @@ class Completer:
             await self._write_once(batch)
         finally:
             self.outstanding -= len(batch)
-            by_class = self.outstanding_by_class
-            for _, _, isolation in batch:
-                by_class[isolation] -= 1
+            if self._class_of is not None:
+                by_class = self._by_class
+                for _, _, isolation in batch:
+                    by_class[isolation] -= 1
 
     async def _write_once(self, batch: list[tuple[Finish, asyncio.Future[str | None], str]]) -> None:
         loop = asyncio.get_running_loop()

@@ -126,6 +126,8 @@ class Consumers:
         self._job_log = job_log
         self._lock_timeout = lock_timeout
         self.tasks: set[asyncio.Task[None]] = set()
+        self._done_of: dict[str, Callable[[asyncio.Task[None]], None]] = {}
+        """The done callback of each isolation class's consumer tasks, made once per class, not per job."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._completed = {s: JOBS_COMPLETED.labels(status=s)
                            for s in (*TERMINAL_NAMES, "retried", "snoozed", "suspended")}
@@ -153,7 +155,10 @@ class Consumers:
         task = self.loop.create_task(self._consume(entry))
         entry.task = task
         self.tasks.add(task)
-        task.add_done_callback(functools.partial(self._done, entry.isolation))
+        done = self._done_of.get(entry.isolation)
+        if done is None:
+            done = self._done_of[entry.isolation] = functools.partial(self._done, entry.isolation)
+        task.add_done_callback(done)
 
     def _done(self, isolation: str, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)

@@ -116,7 +116,8 @@ class Worker:
         """Its actors' isolation classes and each class's capacity."""
         self.concurrency = self.classes.capacities["async"]
         """Async jobs this worker runs at once: the `concurrency` setting, or DEFAULT_CONCURRENCY."""
-        self.registry = ActiveJobRegistry(self.classes.class_of)
+        self.registry = ActiveJobRegistry(self.classes.class_of if self.classes.mixed else None,
+                                          single=self.classes.stray)
         self.state = WorkerState()
         self.ready = threading.Event()
         self.shutdown_event = asyncio.Event()

@@ -90,27 +90,38 @@ class ActiveJob:
 
 class ActiveJobRegistry:
     """The held jobs, and how many of them each isolation class holds. `class_of(actor name)` says whose
-    slot a job takes (default: every job is async)."""
+    slot a job takes in a worker of several classes; without it every job takes a slot of `single` (a
+    worker of one class), and the count per class is the count of held jobs, kept by nobody."""
 
-    def __init__(self, class_of: Callable[[str], str] | None = None) -> None:
+    def __init__(self, class_of: Callable[[str], str] | None = None, *, single: str = "async") -> None:
         self._jobs: dict[UUID, ActiveJob] = {}
         self._class_of = class_of
-        self.held_by_class: dict[str, int] = {}
+        self._single = single
+        self._held: dict[str, int] = {}
+
+    @property
+    def held_by_class(self) -> dict[str, int]:
         """Held jobs per isolation class."""
+        if self._class_of is None:
+            return {self._single: len(self._jobs)}
+        return self._held
 
     def add(self, entry: ActiveJob) -> None:
         if entry.id in self._jobs:
             self.remove(entry.id)
-        if self._class_of is not None:
-            entry.isolation = self._class_of(entry.job.actor)
         self._jobs[entry.id] = entry
-        self.held_by_class[entry.isolation] = self.held_by_class.get(entry.isolation, 0) + 1
+        if self._class_of is None:
+            entry.isolation = self._single
+        else:
+            isolation = entry.isolation = self._class_of(entry.job.actor)
+            self._held[isolation] = self._held.get(isolation, 0) + 1
 
     def remove(self, job_id: UUID, entry: ActiveJob | None = None) -> None:
         current = self._jobs.get(job_id)
         if current is not None and (entry is None or current is entry):
             del self._jobs[job_id]
-            self.held_by_class[current.isolation] -= 1
+            if self._class_of is not None:
+                self._held[current.isolation] -= 1
 
     def class_of_job(self, job_id: UUID) -> str:
         """The isolation class of a held job (async for one no longer held)."""
