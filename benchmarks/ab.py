@@ -8,9 +8,11 @@ checkout's figure of the same round.
 Each run is the script as that checkout has it (`ROOT/benchmarks/SCRIPT`), started from ROOT with
 `VENV/bin/python`, so its workers, its database (created and migrated by that checkout's taskq) and its own
 measuring are the checkout's; the arguments after `--` go to every run, and `--json` to a file of the run's
-own. The order of the checkouts alternates from round to round (before, after; after, before; ...), so that
-neither always runs on a cooler or a warmer machine. On these VMs the speed drifts by up to 1.4-2x within
-a run: a figure's ratio is taken within each round, where both sides ran minutes apart at most.
+own. `--script-from ROOT` runs that checkout's copy of the script under every interpreter instead (an older
+copy may be broken against its own taskq, or lack a flag). The order of the checkouts alternates from
+round to round (before, after; after, before; ...), so that neither always runs on a cooler or a warmer
+machine. On these VMs the speed drifts by up to 1.4-2x within a run: a figure's ratio is taken within
+each round, where both sides ran minutes apart at most.
 
 A figure is any number in the script's JSON, named by its path (`results[0 backlog 1:1].jobs_per_s`: a list
 element is named by its text fields, with its index where they do not name it alone), the run's header
@@ -86,9 +88,10 @@ def parse_checkouts(specs: list[str], parser: argparse.ArgumentParser) -> list[t
     return checkouts
 
 
-def run_once(root: Path, python: Path, script: str, args: list[str], out: Path, log: Path) -> dict[str, Any]:
-    """One run of ROOT's copy of the script; its JSON report."""
-    command = [str(python), str(root / "benchmarks" / script), *args, "--json", str(out)]
+def run_once(root: Path, script_root: Path, python: Path, script: str, args: list[str], out: Path,
+             log: Path) -> dict[str, Any]:
+    """One run of SCRIPT_ROOT's copy of the script from ROOT (whose workers it starts); its JSON report."""
+    command = [str(python), str(script_root / "benchmarks" / script), *args, "--json", str(out)]
     with open(log, "ab") as sink:
         sink.write(f"\n$ {' '.join(command)}\n".encode())
         sink.flush()
@@ -128,6 +131,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="runs of each checkout, alternating")
     parser.add_argument("--figures", default=None, help="a regular expression over the figures' paths")
     parser.add_argument("--json", type=Path, default=None, help="where to write results (benchmarks/results/)")
+    parser.add_argument("--script-from", type=Path, default=None, metavar="ROOT",
+                        help="run this checkout's copy of the script under every checkout's interpreter")
     parser.add_argument("script", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS...]: the benchmark, its arguments")
     args = parser.parse_args()
     command = args.script[1:] if args.script[:1] == ["--"] else args.script
@@ -137,7 +142,8 @@ def main() -> None:
     if "--json" in script_args:
         parser.error("leave --json out of the script's arguments: each run writes its own")
     checkouts = parse_checkouts(args.checkout, parser)
-    for _, root, _ in checkouts:
+    script_from = args.script_from.resolve() if args.script_from is not None else None
+    for root in [script_from] if script_from is not None else [c[1] for c in checkouts]:
         if not (root / "benchmarks" / script).exists():
             parser.error(f"{root} has no benchmarks/{script}")
     try:
@@ -158,7 +164,8 @@ def main() -> None:
             seen: dict[str, dict[str, float]] = {}
             for name, root, python in order:
                 started = time.monotonic()
-                report = run_once(root, python, script, script_args, Path(scratch) / f"{name}-{rnd}.json", log)
+                report = run_once(root, script_from or root, python, script, script_args,
+                                  Path(scratch) / f"{name}-{rnd}.json", log)
                 seen[name] = figures(report)
                 print(f"  round {rnd + 1}, {name}: {time.monotonic() - started:.0f} s", flush=True)
             rounds.append(seen)
@@ -172,6 +179,7 @@ def main() -> None:
     report = {"benchmark": "ab", "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": info,
               "machine_after": machine(), "script": script, "args": script_args, "rounds": args.rounds,
               "checkouts": {n: {"root": str(r), "python": str(p)} for n, r, p in checkouts},
+              "script_from": None if script_from is None else str(script_from),
               "figures": table, "runs": rounds}
     print(f"wrote {write_report(f'ab-{Path(script).stem}', report, args.json)}")
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import time
@@ -67,11 +68,21 @@ NAMES = {
 }
 
 
+def _shape(text: str) -> str:
+    """A statement's text as pg_stat_statements shows it and as taskq.sql holds it, made comparable: literals
+    and placeholders as `?`, whitespace collapsed, the first 160 characters."""
+    text = re.sub(r"'(?:[^']|'')*'|%\(\w+\)[sb]|\$\d+|\b\d+\b", "?", text)
+    return " ".join(text.split()).rstrip(";")[:160]
+
+
+SHAPES = {_shape(body): name for name, body in sql.queries().items()}
+
+
 def name_of(query: str) -> str:
-    """A statement's name: taskq's statements begin with `-- NAME` as sent (taskq.sql.compact)."""
-    first = query.split(" ", 2)
-    if len(first) > 1 and first[0] == "--" and first[1].isidentifier():
-        return first[1]
+    """The name of a taskq statement (taskq.sql), else of a marker it contains, else its first 60 characters."""
+    found = SHAPES.get(_shape(query))
+    if found is not None:
+        return found
     for marker, name in NAMES.items():
         if marker in query:
             return name

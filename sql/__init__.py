@@ -69,18 +69,18 @@ def queries() -> dict[str, LiteralString]:
         for name, body in zip(parts[1::2], parts[2::2], strict=True):
             if name in named:
                 raise RuntimeError(f"query {name!r} is defined twice in taskq.sql")
-            named[name] = compact(name, body)
+            named[name] = compact(body)
     return named
 
 
-def compact(name: str, body: str) -> LiteralString:
-    """The statement as sent: `-- name` on its first line (what pg_stat_statements and the server's log
-    show), then its lines without indentation, comment lines and blank lines. Shipped files, never user
-    input; no query here has a string literal or a dollar quote that spans lines, so this changes no
-    literal (tests/unit/test_sql_text.py checks it)."""
+def compact(body: str) -> LiteralString:
+    """The statement as sent: its lines without indentation, comment lines and blank lines (what
+    pg_stat_activity shows starts with the statement itself: `LISTEN taskq_jobs; ...`, as doctor.sql and
+    operators' queries look for it). Shipped
+    files, never user input; no query here has a string literal or a dollar quote that spans lines, so this
+    changes no literal (tests/unit/test_sql_text.py checks it)."""
     lines = (line.strip() for line in body.splitlines())
-    kept = [line for line in lines if line and not line.startswith("--")]
-    return "\n".join([f"-- {name}", *kept])
+    return "\n".join(line for line in lines if line and not line.startswith("--"))
 
 
 def query(name: str) -> LiteralString:
