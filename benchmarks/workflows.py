@@ -107,7 +107,8 @@ def _finish_params(claimed: list[tuple[Any, ...]]) -> dict[str, Any]:
         "ids": [c[0] for c in claimed], "attempts": [c[4] for c in claimed], "epochs": [c[6] for c in claimed],
         "statuses": ["succeeded"] * k, "results": [None] * k, "error_classes": [None] * k,
         "error_messages": [None] * k, "retry_delays": [0.0] * k, "outcomes": ["succeeded"] * k,
-        "details": [None] * k, "first_traces": [None] * k, "worker_id": BENCH_WORKER,
+        "details": [None] * k, "first_traces": [None] * k, "wait_kinds": [None] * k, "wait_signals": [None] * k,
+        "worker_id": BENCH_WORKER,
     }
 
 
