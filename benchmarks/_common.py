@@ -314,6 +314,16 @@ def cpu_between(start: CpuSnapshot, end: CpuSnapshot) -> dict[str, Any]:
 # -- worker subprocesses ----------------------------------------------------------------------------
 
 
+def checkout_spec(spec: str) -> tuple[str, Path, Path] | None:
+    """`NAME=ROOT:VENV` (another checkout and its virtualenv, for a before/after in one run) as (name, root,
+    venv), or None when a part is missing."""
+    name, sep, where = spec.partition("=")
+    root, sep2, venv = where.partition(":")
+    if not (sep and sep2 and name and root and venv):
+        return None
+    return name, Path(root), Path(venv)
+
+
 def spawn_worker(dsn: str, app: str, settings: dict[str, Any], log_path: Path,
                  python: str | None = None) -> subprocess.Popen[bytes]:
     """`python -m taskq.worker APP --flags` with the repository root as its working directory (so that

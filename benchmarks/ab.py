@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS_DIR, machine, print_table, write_report
+from _common import RESULTS_DIR, checkout_spec, machine, print_table, write_report
 
 HEADER = {"benchmark", "when", "params", "machine", "machine_after", "load_warning", "server", "command"}
 
@@ -75,14 +75,14 @@ def figures(report: Any, path: str = "") -> dict[str, float]:
 def parse_checkouts(specs: list[str], parser: argparse.ArgumentParser) -> list[tuple[str, Path, Path]]:
     checkouts: list[tuple[str, Path, Path]] = []
     for spec in specs:
-        name, sep, where = spec.partition("=")
-        root, sep2, venv = where.partition(":")
-        if not (sep and sep2 and name and root and venv) or name in [c[0] for c in checkouts]:
+        parsed = checkout_spec(spec)
+        if parsed is None or parsed[0] in [c[0] for c in checkouts]:
             parser.error(f"--checkout {spec!r}: expected a new NAME=ROOT:VENV")
-        python = Path(venv) / "bin" / "python"
+        name, root, venv = parsed
+        python = venv / "bin" / "python"
         if not python.exists():
             parser.error(f"--checkout {spec!r}: no {python}")
-        checkouts.append((name, Path(root).resolve(), python))
+        checkouts.append((name, root.resolve(), python))
     if len(checkouts) < 2:
         parser.error("give two --checkout (or more): the first is what the others are compared with")
     return checkouts

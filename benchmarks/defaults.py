@@ -59,6 +59,7 @@ from _common import (
     RESULTS_DIR,
     ServerCpu,
     as_url,
+    checkout_spec,
     cpu_seconds,
     header,
     machine,
@@ -402,11 +403,11 @@ def main() -> None:
         "pgqueuer": System("pgqueuer", "pgqueuer", REPO_ROOT, args.pgqueuer_venv),
     }
     for spec in args.checkout:
-        name, sep, where = spec.partition("=")
-        root, sep2, venv = where.partition(":")
-        if not (sep and sep2 and name and root and venv) or name in known:
+        parsed = checkout_spec(spec)
+        if parsed is None or parsed[0] in known:
             parser.error(f"--checkout {spec!r}: expected a new NAME=ROOT:VENV")
-        known[name] = System(name, "taskq", Path(root), Path(venv))
+        name, root, venv = parsed
+        known[name] = System(name, "taskq", root, venv)
     unknown = [name for name in args.systems.split(",") if name not in known]
     if unknown:
         parser.error(f"--systems: unknown {', '.join(unknown)} (known: {', '.join(known)})")

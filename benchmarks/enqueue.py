@@ -48,7 +48,7 @@ from typing import Any
 
 import lean_queue
 import psycopg
-from _common import as_url, cpu_model
+from _common import as_url, checkout_spec, cpu_model
 from psycopg import sql as pgsql
 from psycopg.conninfo import make_conninfo
 from pydantic import BaseModel
@@ -656,11 +656,10 @@ def main() -> None:
     args = parser.parse_args()
     checkouts: list[tuple[str, Path]] = []
     for spec in args.checkout:
-        checkout, _, paths = spec.partition("=")
-        venv = Path(paths.partition(":")[2])
-        if not checkout.isidentifier() or not (venv / "bin" / "taskq").exists():
+        parsed = checkout_spec(spec)
+        if parsed is None or not parsed[0].isidentifier() or not (parsed[2] / "bin" / "taskq").exists():
             parser.error(f"--checkout {spec!r}: expected NAME=ROOT:VENV, VENV with bin/taskq")
-        checkouts.append((checkout, venv))
+        checkouts.append((parsed[0], parsed[2]))
     args.checkout = checkouts
     if args.produce is not None:
         produced = produce(args.produce)

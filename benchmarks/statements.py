@@ -60,12 +60,6 @@ TABLE_SQL = """
 SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE schemaname = 'taskq' AND relname = 'jobs'
 """
 COMMITS_SQL = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
-NAMES = {
-    "INSERT INTO taskq.job_attempts": "job_claim",
-    "UPDATE taskq.job_attempts AS a SET finished_at = now(), outcome = u.outcome": "job_finish_batch",
-    "UPDATE taskq.workers SET last_heartbeat_at": "heartbeat",
-    "job_reclaim": "job_reclaim",
-}
 
 
 def _shape(text: str) -> str:
@@ -79,14 +73,8 @@ SHAPES = {_shape(body): name for name, body in sql.queries().items()}
 
 
 def name_of(query: str) -> str:
-    """The name of a taskq statement (taskq.sql), else of a marker it contains, else its first 60 characters."""
-    found = SHAPES.get(_shape(query))
-    if found is not None:
-        return found
-    for marker, name in NAMES.items():
-        if marker in query:
-            return name
-    return query[:60]
+    """The name of a taskq statement (taskq.sql), else its first 60 characters."""
+    return SHAPES.get(_shape(query)) or query[:60]
 
 
 async def fill(dsn: str, jobs: int) -> None:

@@ -58,7 +58,8 @@ def latest_version() -> int:
 
 
 @functools.cache
-def queries() -> dict[str, LiteralString]:
+def blocks() -> dict[str, LiteralString]:
+    """Each named query's block as the file has it, comments and indentation included."""
     named: dict[str, LiteralString] = {}
     for entry in resources.files(__name__).iterdir():
         if not entry.name.endswith(".sql") or _MIGRATION_FILE.match(entry.name):
@@ -69,8 +70,14 @@ def queries() -> dict[str, LiteralString]:
         for name, body in zip(parts[1::2], parts[2::2], strict=True):
             if name in named:
                 raise RuntimeError(f"query {name!r} is defined twice in taskq.sql")
-            named[name] = compact(body)
+            named[name] = body
     return named
+
+
+@functools.cache
+def queries() -> dict[str, LiteralString]:
+    """Each named query as sent (`compact`)."""
+    return {name: compact(body) for name, body in blocks().items()}
 
 
 def compact(body: str) -> LiteralString:

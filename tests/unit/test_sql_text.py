@@ -3,9 +3,6 @@ psycopg keeps their placeholder conversion instead of parsing the text again on 
 
 from __future__ import annotations
 
-import re
-from importlib import resources
-
 import psycopg
 import pytest
 
@@ -19,22 +16,12 @@ HOT = ("job_claim", "job_claim_classes", "job_claim_strays", "job_claim_limited"
 CACHE_LIMIT = getattr(getattr(psycopg, "_queries", None), "MAX_CACHED_STATEMENT_LENGTH", 4096)
 
 
-def _file_blocks() -> dict[str, str]:
-    blocks: dict[str, str] = {}
-    for entry in resources.files(sql).iterdir():
-        if entry.name.endswith(".sql") and not re.match(r"^\d{4}_", entry.name):
-            parts = re.split(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", entry.read_text(), flags=re.MULTILINE)
-            blocks |= dict(zip(parts[1::2], parts[2::2], strict=True))
-    return blocks
-
-
 def _code_words(text: str) -> list[str]:
     return [word for line in text.splitlines() if not line.strip().startswith("--") for word in line.split()]
 
 
 def test_a_compact_query_is_its_block_without_comment_lines_or_indentation() -> None:
-    blocks = _file_blocks()
-    assert set(blocks) == set(sql.queries())
+    blocks = sql.blocks()
     for name, body in blocks.items():
         sent = sql.query(name)
         assert not any(line.startswith(("--", " ", "\t")) or not line for line in sent.splitlines()), name
