@@ -31,7 +31,6 @@ import contextlib
 import ctypes
 import importlib
 import itertools
-import json
 import logging
 import os
 import pickle
@@ -252,7 +251,7 @@ class _Child:
         spec = job.spec
         try:
             actor = self._load_actor(spec["module"], spec["qualname"], spec["actor"])
-            payload = actor.validate_json_payload(json.loads(spec["payload"]))
+            payload = actor.validate_json_payload(spec["payload"])
             ctx: ChildJobContext[Any] = ChildJobContext(self, job, payload)
             self.state = "actor"
             try:

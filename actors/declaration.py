@@ -125,12 +125,13 @@ class Actor(Generic[P, R]):
         except ValidationError as exc:
             raise PayloadInvalid(f"invalid payload for actor {self.name!r}: {_describe(exc)}") from None
 
-    def validate_json_payload(self, raw: Any) -> P:
-        """Decode a payload read back from the database (already parsed JSON)."""
+    def validate_json_payload(self, raw: bytes | str) -> P:
+        """Decode a payload read back from the database: its JSON text, as stored (what dump_payload wrote),
+        validated in pydantic's JSON mode, the counterpart of that dump."""
         from pydantic import ValidationError
 
         try:
-            return self.payload_adapter.validate_python(raw, strict=False)
+            return self.payload_adapter.validate_json(raw, strict=False)
         except ValidationError as exc:
             raise PayloadInvalid(f"stored payload no longer validates for {self.name!r}: {_describe(exc)}") from None
 

@@ -44,7 +44,10 @@ class Job:
     queue: str
     actor: str
     attempt: int
-    trace_context: dict[str, str] | None
+    trace_context: bytes | None
+    """Its JSON text, as the claim returns it (what jsonb writes back)."""
+    id_text: str | None = None
+    """Its id's text, once made (taskq.tracing.id_text)."""
 
 
 def traceparent(sampled: bool) -> str:
@@ -72,8 +75,9 @@ def child(setup: str, jobs: int, rounds: int) -> dict[str, Any]:
 
     rng = random.Random(7)
     batch = [Job(uuid.uuid4(), "default", "bench.noop", 1,
-                 {"traceparent": traceparent(setup == "all" or rng.random() < 0.1)}) for _ in range(jobs)]
-    parents = [propagate.extract(job.trace_context or {}) for job in batch]
+                 json.dumps({"traceparent": traceparent(setup == "all" or rng.random() < 0.1)}).encode())
+             for _ in range(jobs)]
+    parents = [propagate.extract(json.loads(job.trace_context or b"{}")) for job in batch]
     tracer = trace.get_tracer("bench.bare")
 
     def bare() -> None:
@@ -101,6 +105,8 @@ def child(setup: str, jobs: int, rounds: int) -> dict[str, Any]:
     for r in range(rounds + 1):  # the first round warms up, untimed
         order = [("bare SDK span", bare), ("taskq consumer span", ours)]
         for name, run in order if r % 2 == 0 else order[::-1]:
+            for job in batch:  # the id's text is made by the first of the job's span and log lines: count it
+                job.id_text = None
             started = time.thread_time()
             run()
             if r:

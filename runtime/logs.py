@@ -172,14 +172,14 @@ class JobLines:
 
     def started(self, job: Any) -> None:
         if log.isEnabledFor(logging.INFO):
-            self._emit("job %s %s attempt %d started", (_id_text(job), job.actor, job.attempt), job, None)
+            self._emit("job %s %s attempt %d started", (tracing.id_text(job), job.actor, job.attempt), job, None)
 
     def finished(self, job: Any, outcome: str, seconds: float, detail: Any) -> None:
         if not log.isEnabledFor(logging.INFO):
             return
         suffix = f": {detail}" if detail is not None and outcome != "snoozed" else f" {detail}" if detail else ""
         self._emit("job %s %s attempt %d %s in %.3fs%s",
-                   (_id_text(job), job.actor, job.attempt, outcome, seconds, suffix),
+                   (tracing.id_text(job), job.actor, job.attempt, outcome, seconds, suffix),
                    job, {"outcome": outcome, "duration_s": round(seconds, 6)})
 
     def _emit(self, message: str, args: tuple[Any, ...], job: Any, outcome: dict[str, Any] | None) -> None:
@@ -187,7 +187,7 @@ class JobLines:
         if sink is not None and not sink.json:  # a text line shows only the message: no fields to build
             sink.job_line(message % args, None)
             return
-        fields = {"job_id": _id_text(job), "actor": job.actor, "attempt": job.attempt, "queue": job.queue,
+        fields = {"job_id": tracing.id_text(job), "actor": job.actor, "attempt": job.attempt, "queue": job.queue,
                   "worker_id": self.worker_id}
         if outcome is not None:
             fields |= outcome
@@ -215,16 +215,3 @@ def _direct_sink() -> StderrHandler | None:
     if type(handler) is not StderrHandler or handler.filters or handler.level > logging.INFO:
         return None
     return handler
-
-
-def _id_text(job: Any) -> str:
-    """The job id's text, kept on the job (ClaimedJob.id_text) for its other line: a UUID's str() costs over a
-    microsecond, and a worker writes two lines per job."""
-    text: str | None = getattr(job, "id_text", None)
-    if text is None:
-        text = str(job.id)
-        try:
-            job.id_text = text
-        except AttributeError:  # a job object without room for it
-            pass
-    return text

@@ -34,10 +34,19 @@ from typing import Any
 from uuid import UUID
 
 from opentelemetry import context, metrics, propagate, trace
-from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import (
+    INVALID_SPAN_CONTEXT,
+    Link,
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from taskq.tracing import FIRST_ATTEMPT, Hooks, register
+from taskq.tracing import FIRST_ATTEMPT, Hooks, id_text, register
 
 SCHEMA_URL = "https://opentelemetry.io/schemas/1.27.0"
 SYSTEM = "taskq"
@@ -84,22 +93,41 @@ class Outcome:
         return f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{int(sc.trace_flags):02x}" if sc.is_valid else None
 
 
-def _stored_parent(stored: dict[str, str]) -> tuple[context.Context, SpanContext]:
-    """The enqueue's span context from a job's stored trace context, and a context holding it. What
-    taskq's own inject wrote with W3C propagation (the default: a version-00 traceparent, nothing else but
-    taskq's first-attempt key) is read here directly, in half the time of the W3C propagator (it parses
-    the same fields, with the same checks); anything else (a tracestate, baggage, B3, a propagator of
-    the application's) is read by the global propagator."""
-    header = stored.get("traceparent")
-    found = _TRACEPARENT.fullmatch(header) if isinstance(header, str) and stored.keys() <= _W3C_KEYS else None
+_STORED_W3C = re.compile(rb'\{"traceparent": "00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})"\}')
+"""A stored trace context that is one W3C traceparent and nothing else, as jsonb writes it back."""
+_FLAGS = {b"00": TraceFlags(0), b"01": TraceFlags(1), "00": TraceFlags(0), "01": TraceFlags(1)}
+_NONE = (_ROOT, INVALID_SPAN_CONTEXT, None)
+
+
+def _remote(trace_hex: str | bytes, span_hex: str | bytes, flags: str | bytes) -> tuple[context.Context, SpanContext]:
+    """A remote parent's span context from a traceparent's fields (lowercase hex, checked by the caller),
+    and a context holding it; INVALID_SPAN_CONTEXT for an all-zero id."""
+    trace_id, span_id = int(trace_hex, 16), int(span_hex, 16)
+    if not (trace_id and span_id):
+        return _ROOT, INVALID_SPAN_CONTEXT
+    span_context = SpanContext(trace_id, span_id, True, _FLAGS.get(flags) or TraceFlags(int(flags, 16)))
+    return trace.set_span_in_context(NonRecordingSpan(span_context), _ROOT), span_context
+
+
+def _stored_parent(stored: bytes) -> tuple[context.Context, SpanContext, dict[str, Any] | None]:
+    """The enqueue's span context from a job's stored trace context (its JSON text, as claimed), a context
+    holding it, and the stored object (None when read by the fast path: a traceparent and nothing else).
+    What taskq's own inject writes with W3C propagation (the default: a version-00 traceparent) is matched
+    on the text directly, without decoding the JSON, and read with the W3C propagator's checks; anything
+    else (a retry's first-attempt key, a tracestate, baggage, B3, a propagator of the application's) is
+    decoded and read by the global propagator."""
+    found = _STORED_W3C.fullmatch(stored)
     if found is not None:
-        trace_hex, span_hex, flags = found.groups()
-        trace_id, span_id = int(trace_hex, 16), int(span_hex, 16)
-        if trace_id and span_id:
-            span_context = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(int(flags, 16)))
-            return trace.set_span_in_context(NonRecordingSpan(span_context), _ROOT), span_context
-    created = propagate.extract(stored)
-    return created, trace.get_current_span(created).get_span_context()
+        return (*_remote(*found.groups()), None)
+    headers = json.loads(stored)
+    if not isinstance(headers, dict):
+        return _NONE
+    header = headers.get("traceparent")
+    parts = _TRACEPARENT.fullmatch(header) if isinstance(header, str) and headers.keys() <= _W3C_KEYS else None
+    if parts is not None:
+        return (*_remote(*parts.groups()), headers)
+    created = propagate.extract(headers)
+    return created, trace.get_current_span(created).get_span_context(), headers
 
 
 class Tracing:
@@ -131,7 +159,7 @@ class Tracing:
         links: list[Link] | None = None
         stored = job.trace_context
         if stored:
-            created, span_context = _stored_parent(stored)
+            created, span_context, headers = _stored_parent(stored)
             if span_context.is_valid:
                 if job.attempt <= 1:
                     parent = created
@@ -139,14 +167,14 @@ class Tracing:
                     # a later attempt starts a trace of its own, linked to the first attempt (stored by the
                     # retry's write) and to the enqueue
                     links = [Link(span_context, _ENQUEUE_LINK)]
-            first = stored.get(FIRST_ATTEMPT) if job.attempt > 1 else None
-            if first:
+            first = headers.get(FIRST_ATTEMPT) if headers is not None and job.attempt > 1 else None
+            if isinstance(first, str):
                 first_context = trace.get_current_span(_W3C.extract({"traceparent": first})).get_span_context()
                 if first_context.is_valid:
                     links = [Link(first_context, _FIRST_LINK), *(links or ())]
         attributes: dict[str, Any] = {
             "messaging.system": SYSTEM, "messaging.operation.type": "process", "messaging.operation.name": "process",
-            "messaging.destination.name": job.queue, "messaging.message.id": str(job.id), "taskq.actor": job.actor,
+            "messaging.destination.name": job.queue, "messaging.message.id": id_text(job), "taskq.actor": job.actor,
             "taskq.attempt": job.attempt, "taskq.isolation": isolation,
         }
         return Outcome(self.tracer.start_span(f"process {job.queue}", context=parent, kind=SpanKind.CONSUMER,

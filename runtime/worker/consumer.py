@@ -83,7 +83,7 @@ def decide_after_failure(actor: Actor[Any, Any], job: ClaimedJob, exc: BaseExcep
 def _note_first_attempt(entry: ActiveJob, finish: Finish) -> None:
     """A traced attempt that will run again: the first one writes its span down for the later ones' links."""
     stored = entry.job.trace_context
-    if stored is not None and tracing.FIRST_ATTEMPT in stored:
+    if stored is not None and tracing.FIRST_ATTEMPT in json.loads(stored):
         return
     traceparent = entry.span.traceparent()
     if traceparent is not None:
@@ -245,7 +245,8 @@ class Consumers:
             entry.finishing = True
             return
         loop = self.loop
-        last = job.progress.get("data") if isinstance(job.progress, dict) else None
+        progress = json.loads(job.progress) if job.progress is not None else None
+        last = progress.get("data") if isinstance(progress, dict) else None
         entry.ctx = JobContext(
             job_id=job.id, attempt=job.attempt, claim_epoch=job.claim_epoch, payload=payload,
             actor_name=actor.name, last_progress=last, runtime=self, loop=loop, scheduled_for=job.scheduled_for,

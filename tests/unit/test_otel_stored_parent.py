@@ -1,7 +1,10 @@
-"""The consumer span's parent, read from a job's stored trace context: taskq's direct read of a plain W3C
-traceparent gives exactly what the global propagator gives, and anything else goes to the propagator."""
+"""The consumer span's parent, read from a job's stored trace context (its JSON text, as the claim returns
+it): taskq's direct read of a plain W3C traceparent gives exactly what the global propagator gives, and
+anything else goes to the propagator."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from opentelemetry import baggage, propagate, trace
@@ -11,6 +14,10 @@ from taskq.tracing import FIRST_ATTEMPT
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 SPAN = "00f067aa0ba902b7"
+
+
+FAST = [{"traceparent": f"00-{TRACE}-{SPAN}-01"}, {"traceparent": f"00-{TRACE}-{SPAN}-00"},
+        {"traceparent": f"00-{'0' * 32}-{SPAN}-01"}, {"traceparent": f"00-{TRACE}-{'0' * 16}-01"}]
 
 
 @pytest.mark.parametrize("stored", [
@@ -31,7 +38,11 @@ SPAN = "00f067aa0ba902b7"
 ], ids=["sampled", "unsampled", "first-attempt-key", "tracestate", "baggage", "uppercase", "zero-trace",
         "zero-span", "version-ff", "future-version", "00-with-extra", "garbage", "b3-only", "empty"])
 def test_the_parent_is_what_the_global_propagator_reads(stored: dict[str, str]) -> None:
-    created, span_context = _stored_parent(stored)
+    # the text as jsonb writes it back: ", " and ": " between items (json.dumps' default)
+    created, span_context, headers = _stored_parent(json.dumps(stored).encode())
+    # the text's fast path: a version-00 traceparent of lowercase hex and nothing else
+    assert (headers is None) == (stored in FAST), headers
+    assert headers is None or headers == stored
     expected_context = propagate.extract(stored)
     expected = trace.get_current_span(expected_context).get_span_context()
     assert span_context == expected
@@ -42,7 +53,14 @@ def test_the_parent_is_what_the_global_propagator_reads(stored: dict[str, str]) 
 
 
 def test_a_plain_traceparent_is_read_as_a_valid_remote_parent() -> None:
-    _, span_context = _stored_parent({"traceparent": f"00-{TRACE}-{SPAN}-01"})
+    _, span_context, _ = _stored_parent(b'{"traceparent": "00-%s-%s-01"}' % (TRACE.encode(), SPAN.encode()))
     assert span_context.is_valid and span_context.is_remote
     assert (span_context.trace_id, span_context.span_id) == (int(TRACE, 16), int(SPAN, 16))
     assert span_context.trace_flags.sampled
+
+
+@pytest.mark.parametrize("text", [b"null", b"[]", b'"00-x"', b"7"])
+def test_a_stored_value_that_is_not_an_object_gives_no_parent(text: bytes) -> None:
+    created, span_context, _ = _stored_parent(text)
+    assert not span_context.is_valid
+    assert not trace.get_current_span(created).get_span_context().is_valid
