@@ -125,7 +125,7 @@ class Actor(Generic[P, R]):
         except ValidationError as exc:
             raise PayloadInvalid(f"invalid payload for actor {self.name!r}: {_describe(exc)}") from None
 
-    def validate_json_payload(self, raw: bytes | str) -> P:
+    def validate_json_payload(self, raw: str | bytes) -> P:
         """Decode a payload read back from the database: its JSON text, as stored (what dump_payload wrote),
         validated in pydantic's JSON mode, the counterpart of that dump."""
         from pydantic import ValidationError

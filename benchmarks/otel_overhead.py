@@ -44,7 +44,7 @@ class Job:
     queue: str
     actor: str
     attempt: int
-    trace_context: bytes | None
+    trace_context: str | None
     """Its JSON text, as the claim returns it (what jsonb writes back)."""
     id_text: str | None = None
     """Its id's text, once made (taskq.tracing.id_text)."""
@@ -75,9 +75,9 @@ def child(setup: str, jobs: int, rounds: int) -> dict[str, Any]:
 
     rng = random.Random(7)
     batch = [Job(uuid.uuid4(), "default", "bench.noop", 1,
-                 json.dumps({"traceparent": traceparent(setup == "all" or rng.random() < 0.1)}).encode())
+                 json.dumps({"traceparent": traceparent(setup == "all" or rng.random() < 0.1)}))
              for _ in range(jobs)]
-    parents = [propagate.extract(json.loads(job.trace_context or b"{}")) for job in batch]
+    parents = [propagate.extract(json.loads(job.trace_context or "{}")) for job in batch]
     tracer = trace.get_tracer("bench.bare")
 
     def bare() -> None:

@@ -23,9 +23,8 @@ from typing import Any, LiteralString
 from uuid import UUID
 
 from psycopg import AsyncConnection
-from psycopg.abc import Buffer
-from psycopg.adapt import Loader
 from psycopg.types.json import Jsonb
+from psycopg.types.string import TextLoader
 
 from taskq import sql
 from taskq.backend.core import Backend
@@ -46,19 +45,19 @@ class ClaimedJob:
     id: UUID
     actor: str
     queue: str
-    payload: bytes
+    payload: str
     """The stored payload's JSON text: the actor's payload type validates it as JSON (one pass, no dict in
     between)."""
     attempt: int
     max_attempts: int
     claim_epoch: int
-    progress: bytes | None
+    progress: str | None
     """The last progress report's JSON text, or None."""
     schedule_to_close: datetime | None
     idempotent: bool = True
     """The row's idempotent flag: False once the job is known to belong to an `@actor(idempotent=False)`."""
     scheduled_for: datetime | None = None
-    trace_context: bytes | None = None
+    trace_context: str | None = None
     """The JSON text of the W3C trace context the job was enqueued in (OpenTelemetry), or None: read only by a
     worker that traces (taskq.contrib.otel), and by the retry of a traced attempt."""
     claim_sent: float | None = None
@@ -137,20 +136,14 @@ def reclaim_params(*, worker_id: str | None, cause: str, detail: str | None, rec
             "tracked": tracked, "limit": limit, "base_delay": RECLAIM_BASE_DELAY, "max_delay": RECLAIM_MAX_DELAY}
 
 
-class JsonText(Loader):
-    """A jsonb column as its JSON text (bytes), for the claims: psycopg's own jsonb loader decodes each value
-    into Python objects (~1.7 us for a small one: json.loads on bytes detects the encoding first), which the
-    payload's validation then walks again, and a trace context is read only by a worker that traces."""
-
-    def load(self, data: Buffer) -> bytes:
-        return data if isinstance(data, bytes) else bytes(data)
-
-
 async def fetch_claimed(conn: AsyncConnection[Any], query: LiteralString,
                         params: Mapping[str, Any]) -> list[ClaimedJob]:
-    """Run a claim statement and make its rows ClaimedJobs (jsonb columns as their text: JsonText)."""
+    """Run a claim statement and make its rows ClaimedJobs, the jsonb columns as their JSON text: psycopg's
+    own jsonb loader decodes each value into Python objects (~1.7 us for a small one: json.loads on bytes
+    detects the encoding first), which the payload's validation then walks again, and a trace context is
+    read only by a worker that traces."""
     cur = conn.cursor()
-    cur.adapters.register_loader("jsonb", JsonText)
+    cur.adapters.register_loader("jsonb", TextLoader)
     await cur.execute(query, params)
     return [ClaimedJob(*row) for row in await cur.fetchall()]
 

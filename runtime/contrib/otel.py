@@ -93,13 +93,13 @@ class Outcome:
         return f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{int(sc.trace_flags):02x}" if sc.is_valid else None
 
 
-_STORED_W3C = re.compile(rb'\{"traceparent": "00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})"\}')
+_STORED_W3C = re.compile(r'\{"traceparent": "00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})"\}')
 """A stored trace context that is one W3C traceparent and nothing else, as jsonb writes it back."""
-_FLAGS = {b"00": TraceFlags(0), b"01": TraceFlags(1), "00": TraceFlags(0), "01": TraceFlags(1)}
+_FLAGS = {"00": TraceFlags(0), "01": TraceFlags(1)}
 _NONE = (_ROOT, INVALID_SPAN_CONTEXT, None)
 
 
-def _remote(trace_hex: str | bytes, span_hex: str | bytes, flags: str | bytes) -> tuple[context.Context, SpanContext]:
+def _remote(trace_hex: str, span_hex: str, flags: str) -> tuple[context.Context, SpanContext]:
     """A remote parent's span context from a traceparent's fields (lowercase hex, checked by the caller),
     and a context holding it; INVALID_SPAN_CONTEXT for an all-zero id."""
     trace_id, span_id = int(trace_hex, 16), int(span_hex, 16)
@@ -109,7 +109,7 @@ def _remote(trace_hex: str | bytes, span_hex: str | bytes, flags: str | bytes) -
     return trace.set_span_in_context(NonRecordingSpan(span_context), _ROOT), span_context
 
 
-def _stored_parent(stored: bytes) -> tuple[context.Context, SpanContext, dict[str, Any] | None]:
+def _stored_parent(stored: str) -> tuple[context.Context, SpanContext, dict[str, Any] | None]:
     """The enqueue's span context from a job's stored trace context (its JSON text, as claimed), a context
     holding it, and the stored object (None when read by the fast path: a traceparent and nothing else).
     What taskq's own inject writes with W3C propagation (the default: a version-00 traceparent) is matched

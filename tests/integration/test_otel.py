@@ -147,3 +147,25 @@ def _metric_names() -> set[str]:
     if data is None:
         return set()
     return {m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+
+
+async def test_the_claim_reads_a_stored_traceparent_by_the_text_fast_path(
+        dsn: str, spans: InMemorySpanExporter) -> None:
+    """The text the claim gets back for a trace context taskq wrote (jsonb's own spelling of it) is what
+    taskq.contrib.otel matches without decoding the JSON; were the spelling to change, the slower path
+    would still give the right parent, and only this test would notice."""
+    import psycopg
+
+    from taskq.contrib.otel import _stored_parent
+
+    tracer = trace.get_tracer("test")
+    async with await JobsClient.connect(dsn, registry=registry) as client:
+        with tracer.start_as_current_span("request"):
+            handle = await client.enqueue("otel.async", 1)
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute("SELECT trace_context::text FROM taskq.jobs WHERE id = %s", (handle.job_id,))
+        [(text,)] = await cur.fetchall()
+    _, parent, decoded = _stored_parent(text)
+    assert decoded is None, f"the stored trace context {text!r} missed the fast path"
+    [send] = _finished(spans, "send default", 1)
+    assert send.context is not None and parent.span_id == send.context.span_id and parent.is_remote

@@ -39,7 +39,7 @@ FAST = [{"traceparent": f"00-{TRACE}-{SPAN}-01"}, {"traceparent": f"00-{TRACE}-{
         "zero-span", "version-ff", "future-version", "00-with-extra", "garbage", "b3-only", "empty"])
 def test_the_parent_is_what_the_global_propagator_reads(stored: dict[str, str]) -> None:
     # the text as jsonb writes it back: ", " and ": " between items (json.dumps' default)
-    created, span_context, headers = _stored_parent(json.dumps(stored).encode())
+    created, span_context, headers = _stored_parent(json.dumps(stored))
     # the text's fast path: a version-00 traceparent of lowercase hex and nothing else
     assert (headers is None) == (stored in FAST), headers
     assert headers is None or headers == stored
@@ -53,14 +53,14 @@ def test_the_parent_is_what_the_global_propagator_reads(stored: dict[str, str]) 
 
 
 def test_a_plain_traceparent_is_read_as_a_valid_remote_parent() -> None:
-    _, span_context, _ = _stored_parent(b'{"traceparent": "00-%s-%s-01"}' % (TRACE.encode(), SPAN.encode()))
+    _, span_context, _ = _stored_parent(f'{{"traceparent": "00-{TRACE}-{SPAN}-01"}}')
     assert span_context.is_valid and span_context.is_remote
     assert (span_context.trace_id, span_context.span_id) == (int(TRACE, 16), int(SPAN, 16))
     assert span_context.trace_flags.sampled
 
 
-@pytest.mark.parametrize("text", [b"null", b"[]", b'"00-x"', b"7"])
-def test_a_stored_value_that_is_not_an_object_gives_no_parent(text: bytes) -> None:
+@pytest.mark.parametrize("text", ["null", "[]", '"00-x"', "7"])
+def test_a_stored_value_that_is_not_an_object_gives_no_parent(text: str) -> None:
     created, span_context, _ = _stored_parent(text)
     assert not span_context.is_valid
     assert not trace.get_current_span(created).get_span_context().is_valid

@@ -92,7 +92,7 @@ def test_the_start_line_names_the_three_capacities_and_the_defaults_need_no_tuni
 
 
 def claimed(actor: str) -> ClaimedJob:
-    return ClaimedJob(id=uuid4(), actor=actor, queue="default", payload=b"{}", attempt=1, max_attempts=3,
+    return ClaimedJob(id=uuid4(), actor=actor, queue="default", payload="{}", attempt=1, max_attempts=3,
                       claim_epoch=1, progress=None, schedule_to_close=None)
 
 
