@@ -114,8 +114,8 @@ def _stored_parent(stored: str) -> tuple[context.Context, SpanContext, dict[str,
     holding it, and the stored object (None when read by the fast path: a traceparent and nothing else).
     What taskq's own inject writes with W3C propagation (the default: a version-00 traceparent) is matched
     on the text directly, without decoding the JSON, and read with the W3C propagator's checks; anything
-    else (a retry's first-attempt key, a tracestate, baggage, B3, a propagator of the application's) is
-    decoded and read by the global propagator."""
+    else is decoded: a traceparent beside a retry's first-attempt key is read the same way, and a
+    tracestate, baggage, B3 or a propagator of the application's by the global propagator."""
     found = _STORED_W3C.fullmatch(stored)
     if found is not None:
         return (*_remote(*found.groups()), None)
