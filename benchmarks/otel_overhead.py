@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from _common import machine
+
 TARGET_US = 5.0
 SETUPS = ("all", "sampled 10 %", "not configured")
 
@@ -126,6 +128,7 @@ def main() -> int:
     if args.child:
         print(json.dumps(child(args.child, args.jobs, args.rounds)))
         return 0
+    info = machine()  # before the children load the machine
     results: dict[str, Any] = {}
     rows = []
     for setup in SETUPS:
@@ -142,7 +145,7 @@ def main() -> int:
     own = results["all"]["taskq_own_us"]
     print(f"taskq's own work per traced job: {own:.1f} us (target <= {TARGET_US:g}): "
           f"{'met' if own <= TARGET_US else 'MISSED'}")
-    report = {"benchmark": "otel_overhead", "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    report = {"benchmark": "otel_overhead", "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": info,
               "params": {"jobs": args.jobs, "rounds": args.rounds}, "results": results,
               "target": {"taskq_own_us": TARGET_US, "met": own <= TARGET_US}}
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -365,7 +365,7 @@ def checkout_commit() -> str:
 
 def describe_machine(report: dict[str, Any], machine: str | None) -> str:
     m = report.get("machine", {})
-    facts = [f"{m.get('cpus')} CPUs"]
+    facts = [f"{m['cpus']} CPUs"] if m.get("cpus") else []
     if m.get("loadavg"):
         facts.append(f"load average {m['loadavg'][0]:g} at the start")
     server = report.get("server") or {}
