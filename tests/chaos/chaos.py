@@ -301,20 +301,26 @@ class Workload:
                 for p in batch:
                     p.error = f"{type(exc).__name__}: {exc}"
                     self.history.record(via, "info", sent, key=p.key, detail=p.error)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
-            with contextlib.suppress(Exception):
-                # one transaction: either every job of the batch was written or none was
-                rows = await fetch(self.dsn, "SELECT payload->>'key', id FROM taskq.jobs WHERE parent_id IS NULL "
-                                             "AND payload->>'key' = ANY(%s)", [p.key for p in batch])
-                found = dict(rows)
-                for p in batch:
-                    self.history.record(via, "found" if p.key in found else "absent", sent,
-                                        job_id=found.get(p.key), key=p.key)
-                if rows:
-                    for p in batch:
-                        p.job_id, p.error, p.via = found.get(p.key), None, "written, then the connection broke"
+            # the outcome is unknown until a lookup answers: a commit in flight when the leader died can
+            # surface on the new one, so writing again before a lookup said "absent" could write it twice
+            rows = None
+            while rows is None:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                with contextlib.suppress(Exception):
+                    # one transaction: either every job of the batch was written or none was
+                    rows = await fetch(self.dsn, "SELECT payload->>'key', id FROM taskq.jobs WHERE parent_id IS NULL "
+                                                 "AND payload->>'key' = ANY(%s)", [p.key for p in batch])
+                if rows is None and loop.time() > deadline:
                     return
+            found = dict(rows)
+            for p in batch:
+                self.history.record(via, "found" if p.key in found else "absent", sent,
+                                    job_id=found.get(p.key), key=p.key)
+            if rows:
+                for p in batch:
+                    p.job_id, p.error, p.via = found.get(p.key), None, "written, then the connection broke"
+                return
             if loop.time() > deadline:
                 return
 

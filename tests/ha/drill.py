@@ -526,6 +526,7 @@ def verdict(config: DrillConfig, chaos: dict[str, Any], code: int, rows: list[di
     if config.leg == "sync":
         if code != 0 or not chaos.get("ok"):
             reasons.append(f"chaos.py failed (exit {code}, {chaos.get('failing')} failing checks)")
+            reasons += failing_checks(chaos)
         if history.get("I3_claim", 0):
             reasons.append(f"I3: {history['I3_claim']} claims executed more than once")
         if two_writable:
@@ -546,6 +547,21 @@ def verdict(config: DrillConfig, chaos: dict[str, Any], code: int, rows: list[di
         if beyond > 0 or "error" in chaos:
             reasons.append(f"chaos.py reported {beyond} failing checks beyond the expected losses")
     return reasons
+
+
+def failing_checks(chaos: dict[str, Any], per_check: int = 5) -> list[str]:
+    """The checks chaos.py found violated, by name, with their first details (its JSON report's)."""
+    counts = {**chaos.get("chaos_checks", {}), **chaos.get("history_checks", {})}
+    invariants = chaos.get("invariants")
+    if isinstance(invariants, dict):
+        counts |= {f"invariant {k}": v for k, v in invariants.items()}
+    details = chaos.get("details", {})
+    lines = []
+    for name, n in counts.items():
+        if n:
+            lines.append(f"check {name}: {n} violations")
+            lines += [f"  {d}" for d in details.get(name.removeprefix("invariant "), [])[:per_check]]
+    return lines
 
 
 def self_fences(path: Path) -> list[float]:
