@@ -461,9 +461,13 @@ WITH i AS (
 ), locked AS (
     -- LOCK ORDER (runtime/backend/workers.py): the rows are locked here, in id order, whatever join the
     -- planner picks for the UPDATE below (a hash join that scans jobs would take them in the table's order,
-    -- and deadlock against a bulk cancel); the UPDATE then writes rows this transaction already holds
-    SELECT j.id FROM taskq.jobs AS j JOIN i ON i.id = j.id
-    WHERE coalesce(j.status, '') = 'running' AND j.claim_epoch = i.epoch AND j.worker_id = %(worker_id)s
+    -- and deadlock against a bulk cancel); the UPDATE then writes rows this transaction already holds.
+    -- The rows are found by their primary key alone (= ANY, no join with the batch): joined, the planner
+    -- turned to a scan of jobs and a nested loop over the batch from about 200 rows a batch (EXPLAIN
+    -- ANALYZE among 20,000 jobs: 16 / 48 / 79 ms for 200 / 400 / 500 rows; by key 4.6 / 9.1 / 12 ms).
+    -- The UPDATE fences each row on its claim.
+    SELECT j.id FROM taskq.jobs AS j
+    WHERE j.id = ANY(%(ids)b::uuid[]) AND coalesce(j.status, '') = 'running' AND j.worker_id = %(worker_id)s
     ORDER BY j.id
     FOR NO KEY UPDATE OF j
 ), upd AS (
