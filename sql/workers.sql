@@ -69,12 +69,13 @@ WHERE worker_id = %(worker_id)s AND status = 'running' AND cancel_requested_at I
 -- hold, renew the lock of each one still ours (fenced on claim_epoch), and return its cancel flags.
 -- A row missing from the result is lost.
 -- LOCK ORDER (runtime/backend/workers.py): `locked` takes the rows in id order, whatever join the planner
--- picks for the UPDATE.
+-- picks for the UPDATE; by primary key alone, as job_finish_batch does (joined with the batch, the planner
+-- scanned jobs from about 200 rows); the UPDATE fences each on its claim.
 WITH h AS (
     SELECT * FROM unnest(%(ids)b::uuid[], %(epochs)b::bigint[]) AS h(id, epoch)
 ), locked AS (
-    SELECT j.id FROM taskq.jobs AS j JOIN h ON h.id = j.id
-    WHERE j.claim_epoch = h.epoch AND j.status = 'running' AND j.worker_id = %(worker_id)s
+    SELECT j.id FROM taskq.jobs AS j
+    WHERE j.id = ANY(%(ids)b::uuid[]) AND coalesce(j.status, '') = 'running' AND j.worker_id = %(worker_id)s
     ORDER BY j.id
     FOR NO KEY UPDATE OF j
 )
