@@ -252,8 +252,8 @@ def take_summary(reports: Sequence[dict[str, Any]]) -> Table:
         raise SystemExit("summary: give the results of defaults.py, enqueue.py and latency.py")
     drains, enq, lat = by_name["defaults"]["summary"], by_name["enqueue"]["results"], by_name["latency"]
 
-    def drain(system: str, workers: int, what: str) -> str:
-        s = drains.get(f"{system}/defaults/{workers}")
+    def drain(system: str, workers: int, what: str, case: str = "defaults") -> str:
+        s = drains.get(f"{system}/{case}/{workers}")
         if s is None:
             return "-"
         if what == "cpu":
@@ -277,6 +277,10 @@ def take_summary(reports: Sequence[dict[str, Any]]) -> Table:
         rows.append([label, *(drain(system, w, "jobs_per_s") if system else "-" for w in (1, 2)),
                      drain(system, 1, "cpu") if system else "-", drain(system, 1, "commits_per_job") if system else "-",
                      drain(system, 1, "wal") if system else "-", produce(single), produce(many), pickup(picked)])
+        if system == "taskq" and "taskq/wide/1" in drains:  # the tuned drain (issue 34's target 2), when it ran
+            rows.append(["taskq, --concurrency 500 --claim-batch-size 200",
+                         *(drain(system, w, "jobs_per_s", "wide") for w in (1, 2)), drain(system, 1, "cpu", "wide"),
+                         drain(system, 1, "commits_per_job", "wide"), drain(system, 1, "wal", "wide"), "-", "-", "-"])
     m, server = by_name["defaults"]["machine"], by_name["defaults"]["server"]
     notes = [f"Machine: {m.get('cpu_model') or 'CPU not recorded'}, {m['cpus']} CPUs; PostgreSQL {server['version']} "
              f"(synchronous_commit {server['synchronous_commit']}, fsync {server.get('fsync', '?')}, "
