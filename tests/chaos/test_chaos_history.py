@@ -1,6 +1,7 @@
 """The history checks (chaos_history.py) can fail: a lost enqueue, a reverted terminal write, a re-run after a
 terminal state the producer saw, and two executions of one claim are each named; --expect-loss tolerates the
-first three and not the last. An in-process worker on the shared test server, a few seconds."""
+first three and not the last; the producer writes a job whose enqueue had an unknown outcome again only once a
+lookup said it is absent. An in-process worker on the shared test server, a few seconds."""
 
 from __future__ import annotations
 
@@ -86,3 +87,35 @@ async def test_history_checks_name_two_executions_of_one_claim_even_when_losses_
     result = await check_history(history)
     assert len(result.violations["I3_claim"]) == 1, result.render(True)
     assert result.failing(expect_loss=True) == 1
+
+
+async def test_an_enqueue_of_unknown_outcome_is_written_again_only_after_a_lookup_answered(
+    effects_dsn: str, client: JobsClient, monkeypatch: Any
+) -> None:
+    # a failover's pattern: the write commits, its reply is lost, and for a while no server answers the
+    # lookup either; writing again before a lookup answered wrote the job twice (CI's sync drill)
+    import chaos
+
+    planned = chaos.Planned("k-unknown", "chaos.async", {"key": "k-unknown"}, 0.0)
+    workload = chaos.Workload(client, effects_dsn, [planned], History(effects_dsn, effects_dsn, run_id=""))
+    real_fetch, lookups, writes = chaos.fetch, [], []
+
+    async def failing_fetch(dsn: str, text: str, *params: Any) -> list[tuple[Any, ...]]:
+        lookups.append(text)
+        if len(lookups) <= 3:  # no primary yet
+            raise OSError("connection refused")
+        return await real_fetch(dsn, text, *params)
+
+    async def write() -> list[UUID]:
+        writes.append(1)
+        handle = await client.enqueue("chaos.async", planned.work)
+        if len(writes) == 1:
+            raise OSError("server closed the connection unexpectedly")  # after the commit
+        return [handle.job_id]
+
+    monkeypatch.setattr(chaos, "fetch", failing_fetch)
+    await workload._write_retrying([planned], write, "enqueue")
+    rows = query(effects_dsn, "SELECT id FROM taskq.jobs WHERE payload->>'key' = 'k-unknown'")
+    assert len(writes) == 1 and len(lookups) == 4, (writes, lookups)
+    assert [r[0] for r in rows] == [planned.job_id], rows
+    assert planned.via == "written, then the connection broke" and planned.error is None
