@@ -546,6 +546,7 @@ def verdict(config: DrillConfig, chaos: dict[str, Any], code: int, rows: list[di
         beyond = int(chaos.get("failing") or 0) - int(history.get("I3_claim", 0))
         if beyond > 0 or "error" in chaos:
             reasons.append(f"chaos.py reported {beyond} failing checks beyond the expected losses")
+            reasons += failing_checks(chaos)
     return reasons
 
 
