@@ -95,10 +95,13 @@ async def test_an_enqueue_of_unknown_outcome_is_written_again_only_after_a_looku
     # a failover's pattern: the write commits, its reply is lost, and for a while no server answers the
     # lookup either; writing again before a lookup answered wrote the job twice (CI's sync drill)
     import chaos
+    from chaos_checks import Planned
+    from chaos_checks import fetch as real_fetch
 
-    planned = chaos.Planned("k-unknown", "chaos.async", {"key": "k-unknown"}, 0.0)
+    planned = Planned("k-unknown", "chaos.async", {"key": "k-unknown"}, 0.0)
     workload = chaos.Workload(client, effects_dsn, [planned], History(effects_dsn, effects_dsn, run_id=""))
-    real_fetch, lookups, writes = chaos.fetch, [], []
+    lookups: list[str] = []
+    writes: list[int] = []
 
     async def failing_fetch(dsn: str, text: str, *params: Any) -> list[tuple[Any, ...]]:
         lookups.append(text)

@@ -3,7 +3,9 @@ say about running rows (a plan that scans every running row of every worker cost
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -31,15 +33,31 @@ def numbered(text: str) -> str:
     return re.sub(r"%\((\w+)\)[sb]", number, text).replace("%%", "%")
 
 
+def _backlog(dsn: str, jobs: int) -> None:
+    """`jobs` pending rows, and statistics taken while none ran (the estimate of running rows is 1)."""
+    query(dsn, "INSERT INTO taskq.jobs (id, actor, payload) SELECT gen_random_uuid(), 'tests.plans', '1'"
+               " FROM generate_series(1, %s)", jobs)
+    query(dsn, "VACUUM ANALYZE taskq.jobs")
+
+
+@contextlib.asynccontextmanager
+async def _worker_store(dsn: str, concurrency: int) -> AsyncIterator[tuple[Backend, WorkerStore]]:
+    backend = await Backend.open(dsn, min_size=1, max_size=1, worker_id="plans-worker")
+    try:
+        store = WorkerStore(backend, "plans-worker")
+        await store.register(["default"], concurrency, 60.0)
+        yield backend, store
+    finally:
+        await backend.close()
+
+
 @pytest.mark.parametrize("name", FENCED_WRITES)
 def test_a_fenced_write_finds_its_rows_by_primary_key_even_when_statistics_saw_nothing_running(
     dsn: str, name: str
 ) -> None:
     # statistics taken while nothing ran (a quiet moment, or a backlog just written): the estimate of
     # running rows is 1, which made the partial index on running rows look cheapest
-    query(dsn, "INSERT INTO taskq.jobs (id, actor, payload) SELECT gen_random_uuid(), 'tests.plans', '1'"
-               " FROM generate_series(1, 5000)")
-    query(dsn, "VACUUM ANALYZE taskq.jobs")
+    _backlog(dsn, 5000)
     with psycopg.connect(dsn, autocommit=True) as conn:
         if conn.info.server_version < 160000:
             pytest.skip("EXPLAIN (GENERIC_PLAN) needs PostgreSQL 16")
@@ -72,13 +90,8 @@ def test_a_tag_filter_finds_tagged_jobs_through_the_partial_tags_index(dsn: str,
 async def test_the_worker_claim_keeps_a_generic_plan_with_a_long_backlog(dsn: str) -> None:
     # with the limit as a parameter, PostgreSQL judged the generic plan dear behind a long backlog and planned
     # every claim again; written in (claim_statement), each claim size keeps one generic plan
-    query(dsn, "INSERT INTO taskq.jobs (id, actor, payload) SELECT gen_random_uuid(), 'tests.plans', '1'"
-               " FROM generate_series(1, 50000)")
-    query(dsn, "VACUUM ANALYZE taskq.jobs")
-    backend = await Backend.open(dsn, min_size=1, max_size=1, worker_id="plans-worker")
-    try:
-        store = WorkerStore(backend, "plans-worker")
-        await store.register(["default"], 10, 60.0)
+    _backlog(dsn, 50000)
+    async with _worker_store(dsn, 10) as (backend, store):
         claimed = 0
         for _ in range(20):
             claimed += len(await store.claim(["default"], 10, 60.0))
@@ -86,13 +99,10 @@ async def test_the_worker_claim_keeps_a_generic_plan_with_a_long_backlog(dsn: st
             cur = await conn.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements"
                                      " WHERE statement LIKE '%%INSERT INTO taskq.job_attempts%%'")
             plans = await cur.fetchall()
-    finally:
-        await backend.close()
     assert claimed == 200
     assert len(plans) == 1, plans  # one claim size: one statement
     generic, custom = plans[0]
     assert custom <= 5 and generic >= 10, plans  # psycopg prepares it at its 5th run; PostgreSQL plans it 5 times
-
 
 
 def _held_params(name: str, claimed: list[Any]) -> dict[str, Any]:
@@ -115,16 +125,9 @@ async def test_a_wide_batch_of_held_rows_is_locked_by_primary_key_not_by_a_scan_
     # joined with the batch, the lock step of these statements turned to a sequential scan of jobs (and a
     # nested loop over the batch for every row) from about 200 rows a batch: among 20,000 jobs a finish of
     # 500 rows took 79 ms against 12, a shutdown's release of 1,000 held rows 179 ms against 27
-    query(dsn, "INSERT INTO taskq.jobs (id, actor, payload) SELECT gen_random_uuid(), 'tests.plans', '1'"
-               " FROM generate_series(1, 5000)")
-    query(dsn, "VACUUM ANALYZE taskq.jobs")
-    backend = await Backend.open(dsn, min_size=1, max_size=1, worker_id="plans-worker")
-    try:
-        store = WorkerStore(backend, "plans-worker")
-        await store.register(["default"], 500, 60.0)
+    _backlog(dsn, 5000)
+    async with _worker_store(dsn, 500) as (_, store):
         claimed = await store.claim(["default"], 500, 60.0)
-    finally:
-        await backend.close()
     assert len(claimed) == 500
     with psycopg.connect(dsn, autocommit=True) as conn:
         # planned with these values, as each new batch size is
