@@ -49,13 +49,22 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import psycopg
 from cluster import TTL, Cluster, missing_tools
-from observe import HISTORY_DDL, PROBE_DB, PROBE_DDL, PROBE_INTERVAL, HistoryServer, Prober, count_listeners
+from observe import (
+    HISTORY_DDL,
+    PROBE_DB,
+    PROBE_DDL,
+    PROBE_INTERVAL,
+    HistoryServer,
+    Prober,
+    count_listeners,
+    failing_checks,
+    self_fences,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 CHAOS = REPO / "tests" / "chaos" / "chaos.py"
@@ -548,32 +557,6 @@ def verdict(config: DrillConfig, chaos: dict[str, Any], code: int, rows: list[di
             reasons.append(f"chaos.py reported {beyond} failing checks beyond the expected losses")
             reasons += failing_checks(chaos)
     return reasons
-
-
-def failing_checks(chaos: dict[str, Any], per_check: int = 5) -> list[str]:
-    """The checks chaos.py found violated, by name, with their first details (its JSON report's)."""
-    counts = {**chaos.get("chaos_checks", {}), **chaos.get("history_checks", {})}
-    invariants = chaos.get("invariants")
-    if isinstance(invariants, dict):
-        counts |= {f"invariant {k}": v for k, v in invariants.items()}
-    details = chaos.get("details", {})
-    lines = []
-    for name, n in counts.items():
-        if n:
-            lines.append(f"check {name}: {n} violations")
-            lines += [f"  {d}" for d in details.get(name.removeprefix("invariant "), [])[:per_check]]
-    return lines
-
-
-def self_fences(path: Path) -> list[float]:
-    """When workers exited with code 12 (self-fenced), from the supervisor's log."""
-    found = []
-    with contextlib.suppress(OSError):
-        for line in path.read_text(errors="replace").splitlines():
-            if ") exited with code 12" in line:
-                with contextlib.suppress(ValueError):
-                    found.append(datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp())
-    return found
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,5 @@
 """What the failover drill observes, kept outside the cluster: the history database, the 4 Hz prober of every
-node, and the count of workers listening on the primary (see drill.py)."""
+node, the count of workers listening on the primary, and readers of what the run left (see drill.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -174,3 +175,29 @@ async def count_listeners(dsn: str) -> tuple[int, int] | None:
 
 
 # -- the fault driver ------------------------------------------------------------------------------------------
+
+
+def failing_checks(chaos: dict[str, Any], per_check: int = 5) -> list[str]:
+    """The checks chaos.py found violated, by name, with their first details (its JSON report's)."""
+    counts = {**chaos.get("chaos_checks", {}), **chaos.get("history_checks", {})}
+    invariants = chaos.get("invariants")
+    if isinstance(invariants, dict):
+        counts |= {f"invariant {k}": v for k, v in invariants.items()}
+    details = chaos.get("details", {})
+    lines = []
+    for name, n in counts.items():
+        if n:
+            lines.append(f"check {name}: {n} violations")
+            lines += [f"  {d}" for d in details.get(name.removeprefix("invariant "), [])[:per_check]]
+    return lines
+
+
+def self_fences(path: Path) -> list[float]:
+    """When workers exited with code 12 (self-fenced), from the supervisor's log."""
+    found = []
+    with contextlib.suppress(OSError):
+        for line in path.read_text(errors="replace").splitlines():
+            if ") exited with code 12" in line:
+                with contextlib.suppress(ValueError):
+                    found.append(datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp())
+    return found
