@@ -2,8 +2,8 @@
 side with an older taskq checkout and with PgQueuer at its defaults, on the same server in one run.
 
     python benchmarks/defaults.py [--dsn DSN] [--jobs 50000] [--rounds 3] [--workers 1,2]
-                                  [--systems taskq,baseline,pgqueuer] [--cases defaults,wide]
-                                  [--baseline-root DIR] [--baseline-venv DIR] [--pgqueuer-venv DIR]
+                                  [--systems taskq,baseline,pgqueuer,awa] [--cases defaults,wide]
+                                  [--baseline-root DIR] [--baseline-venv DIR] [--pgqueuer-venv DIR] [--awa-venv DIR]
                                   [--checkout NAME=ROOT:VENV ...]
                                   [--memory] [--latency-rounds 3] [--json out.json]
 
@@ -14,8 +14,11 @@ Systems (each in a database of its own on the one server; its own virtualenv and
 - any `--checkout NAME=ROOT:VENV`: one more checkout, as `baseline` (several, for a bisect in one run);
 - `pgqueuer`: PgQueuer in its own virtualenv (`--pgqueuer-venv`; `pip install pgqueuer asyncpg`),
   `benchmarks/pgqueuer_app.py worker`: one asyncpg connection, every option at its default.
+- `awa`: awa-pg in its own virtualenv (`--awa-venv`; `pip install awa-pg pydantic`), `benchmarks/awa_app.py
+  worker N`: its canonical storage, N handlers per process (awa has no default: the case's `concurrency`,
+  so 200 at `defaults` and 500 at `wide`, as taskq's; `concurrency=N` for another).
 
-Cases: `defaults` (no settings at all: what a user gets) and, for taskq, `wide` (`--concurrency 500
+Cases: `defaults` (no settings at all: what a user gets) and, for taskq and awa, `wide` (`--concurrency 500
 --claim-batch-size 200`, the setting of throughput.py), and for this checkout `keys` (the defaults, with the
 backlog spread over 1,000 fairness keys of equal weight: docs/fairness.md). Every (system, case, worker
 count) runs once per round, the order rotated from round to round so that a burst of noise does not land on one of them;
@@ -77,6 +80,8 @@ from taskq.dsn import resolve_dsn
 APP = "benchmarks.apps:actors"
 POLL_INTERVAL = 0.1
 WIDE = {"concurrency": 500, "claim_batch_size": 200}
+TASKQ_CONCURRENCY = 200
+"""A taskq worker's concurrency without settings (the handlers awa gets at `defaults`)."""
 MEMORY_JOBS = 1_000
 
 TASKQ_RESET_SQL = "TRUNCATE taskq.jobs, taskq.job_events, taskq.job_attempts, taskq.workers, taskq.lease_losses"
@@ -100,6 +105,9 @@ SELECT count(*), count(DISTINCT (worker_id, started_at)), count(DISTINCT (worker
        count(*) FILTER (WHERE outcome <> 'succeeded' OR attempt <> 1)
 FROM taskq.job_attempts
 """
+AWA_RESET_SQL = "TRUNCATE awa.jobs_hot"
+AWA_DONE_SQL = "SELECT count(*) FROM awa.jobs_hot WHERE state = 'completed'"
+AWA_DRAIN_SQL = "SELECT extract(epoch FROM max(finalized_at) - min(attempted_at)) FROM awa.jobs_hot"
 PGQ_RESET_SQL = "TRUNCATE pgqueuer, pgqueuer_log, pgqueuer_statistics"
 PGQ_DONE_SQL = "SELECT %(jobs)s - count(*) FROM pgqueuer"
 PGQ_DRAIN_SQL = """
@@ -107,6 +115,10 @@ SELECT extract(epoch FROM max(created) FILTER (WHERE status = 'successful')
                          - min(created) FILTER (WHERE status = 'picked'))
 FROM pgqueuer_log
 """
+DONE_SQL = {"taskq": TASKQ_DONE_SQL, "pgqueuer": PGQ_DONE_SQL, "awa": AWA_DONE_SQL}
+"""Jobs finished so far, by system kind."""
+DRAIN_SQL = {"taskq": TASKQ_DRAIN_SQL, "pgqueuer": PGQ_DRAIN_SQL, "awa": AWA_DRAIN_SQL}
+"""The drain's seconds from the rows, by system kind: the first start to the last finish."""
 COMMITS_SQL = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
 WAL_SQL = "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn"
 """WAL written so far, in bytes (the whole server's: nothing else runs during a drain but autovacuum)."""
@@ -115,7 +127,7 @@ WAL_SQL = "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn"
 @dataclass
 class System:
     name: str
-    kind: str  # "taskq" or "pgqueuer"
+    kind: str  # "taskq", "pgqueuer" or "awa"
     root: Path
     venv: Path
     dsn: str = ""
@@ -128,6 +140,9 @@ class System:
     def worker_command(self, settings: dict[str, Any]) -> list[str]:
         if self.kind == "pgqueuer":
             return [self.python, str(REPO_ROOT / "benchmarks" / "pgqueuer_app.py"), "worker"]
+        if self.kind == "awa":
+            return [self.python, str(REPO_ROOT / "benchmarks" / "awa_app.py"), "worker",
+                    str(settings.get("concurrency", TASKQ_CONCURRENCY))]
         args = [str(self.venv / "bin" / "taskq"), "worker", APP]
         for name, value in settings.items():
             args += ["--" + name.replace("_", "-"), str(value)]
@@ -163,8 +178,8 @@ def scratch_database(admin: str, prefix: str) -> Iterator[str]:
 
 def install(system: System) -> None:
     """The system's own schema, installed by its own code."""
-    if system.kind == "pgqueuer":
-        cmd = [system.python, str(REPO_ROOT / "benchmarks" / "pgqueuer_app.py"), "install"]
+    if system.kind in ("pgqueuer", "awa"):
+        cmd = [system.python, str(REPO_ROOT / "benchmarks" / f"{system.kind}_app.py"), "install"]
     else:
         cmd = [str(system.venv / "bin" / "taskq"), "migrate"]
     subprocess.run(cmd, cwd=system.root, env=system.env(), check=True, capture_output=True)
@@ -177,6 +192,11 @@ def fill(system: System, jobs: int, *, keyed: bool = False) -> None:
             subprocess.run([system.python, str(REPO_ROOT / "benchmarks" / "pgqueuer_app.py"), "enqueue",
                             str(jobs)], cwd=REPO_ROOT, env=system.env(), check=True)
             conn.execute("VACUUM ANALYZE pgqueuer")
+        elif system.kind == "awa":
+            conn.execute(AWA_RESET_SQL)
+            subprocess.run([system.python, str(REPO_ROOT / "benchmarks" / "awa_app.py"), "enqueue", str(jobs)],
+                           cwd=REPO_ROOT, env=system.env(), check=True)
+            conn.execute("VACUUM ANALYZE awa.jobs_hot")
         else:
             conn.execute(TASKQ_RESET_SQL)
             if keyed:
@@ -201,8 +221,7 @@ class Snap:
 
 
 def snap(conn: psycopg.Connection[Any], system: System, server: ServerCpu, pids: list[int], jobs: int) -> Snap:
-    done_sql = PGQ_DONE_SQL if system.kind == "pgqueuer" else TASKQ_DONE_SQL
-    row = conn.execute(done_sql, {"jobs": jobs}).fetchone()
+    row = conn.execute(DONE_SQL[system.kind], {"jobs": jobs}).fetchone()
     busy, total = system_cpu()
     return Snap(
         at=time.perf_counter(), done=int(row[0]) if row else 0,
@@ -254,7 +273,7 @@ def drain(system: System, case: str, workers: int, jobs: int, timeout: float, ta
         conn.execute("SELECT pg_stat_clear_snapshot()")
         (commits_after,) = conn.execute(COMMITS_SQL).fetchone() or (0,)
         (wal_after,) = conn.execute(WAL_SQL).fetchone() or (0,)
-        row = conn.execute(PGQ_DRAIN_SQL if system.kind == "pgqueuer" else TASKQ_DRAIN_SQL).fetchone()
+        row = conn.execute(DRAIN_SQL[system.kind]).fetchone()
         drain_s = float(row[0]) if row and row[0] is not None else float("nan")
         result: dict[str, Any] = {"system": system.name, "case": case, "workers": workers, "jobs": jobs,
                                   "exit_codes": codes, "drain_s": drain_s, "jobs_per_s": jobs / drain_s}
@@ -388,6 +407,7 @@ def main() -> None:
     parser.add_argument("--baseline-root", type=Path, default=Path("/work/wt-perf-baseline"))
     parser.add_argument("--baseline-venv", type=Path, default=Path("/work/venv-perf-baseline"))
     parser.add_argument("--pgqueuer-venv", type=Path, default=Path("/work/venv-pgqueuer"))
+    parser.add_argument("--awa-venv", type=Path, default=Path("/work/venv-awa"))
     parser.add_argument("--checkout", action="append", default=[], metavar="NAME=ROOT:VENV",
                         help="one more taskq checkout, named NAME in --systems (repeatable; for a bisect)")
     parser.add_argument("--timeout", type=float, default=300.0, help="give up on a drain after this long")
@@ -401,6 +421,7 @@ def main() -> None:
         "taskq": System("taskq", "taskq", REPO_ROOT, Path(sys.executable).parent.parent),
         "baseline": System("baseline", "taskq", args.baseline_root, args.baseline_venv),
         "pgqueuer": System("pgqueuer", "pgqueuer", REPO_ROOT, args.pgqueuer_venv),
+        "awa": System("awa", "awa", REPO_ROOT, args.awa_venv),
     }
     for spec in args.checkout:
         parsed = checkout_spec(spec)
@@ -415,7 +436,8 @@ def main() -> None:
     counts = [int(w) for w in args.workers.split(",")]
     # `keys` needs fair share (migration 16): this checkout only
     variants = [(s, case, w) for case in args.cases.split(",") for s in systems for w in counts
-                if case == "defaults" or (s.kind == "taskq" and (case != "keys" or s.name == "taskq"))]
+                if case == "defaults" or (s.kind == "taskq" and (case != "keys" or s.name == "taskq"))
+                or (s.kind == "awa" and case != "keys")]
     info = machine()
     params = vars(args) | {"json": str(args.json)}
     print(f"defaults: load average {info['loadavg']} on {info['cpus']} CPUs at the start", file=sys.stderr)

@@ -277,6 +277,12 @@ def take_summary(reports: Sequence[dict[str, Any]]) -> Table:
         rows.append([label, *(drain(system, w, "jobs_per_s") if system else "-" for w in (1, 2)),
                      drain(system, 1, "cpu") if system else "-", drain(system, 1, "commits_per_job") if system else "-",
                      drain(system, 1, "wal") if system else "-", produce(single), produce(many), pickup(picked)])
+        if system == "pgqueuer":  # awa-pg, when defaults.py ran it: its drains only (enqueue.py has no awa leg)
+            for case, label in (("defaults", "200 handlers"), ("wide", "500 handlers")):
+                if f"awa/{case}/1" in drains:
+                    rows.append([f"awa-pg 0.6.9, {label} a process",
+                                 *(drain("awa", w, "jobs_per_s", case) for w in (1, 2)), drain("awa", 1, "cpu", case),
+                                 drain("awa", 1, "commits_per_job", case), drain("awa", 1, "wal", case), "-", "-", "-"])
         if system == "taskq" and "taskq/wide/1" in drains:  # the tuned drain (issue 34's target 2), when it ran
             rows.append(["taskq, --concurrency 500 --claim-batch-size 200",
                          *(drain(system, w, "jobs_per_s", "wide") for w in (1, 2)), drain(system, 1, "cpu", "wide"),
