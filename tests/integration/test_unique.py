@@ -205,8 +205,9 @@ async def test_retries_and_a_running_job_keep_the_key_and_children_enqueue_uniqu
         if ctx.attempt == 1:
             raise ValueError("first attempt fails")
         await gate.wait()
-        one = await ctx.jobs.enqueue("child.job", 1, unique_key="child-key")
-        two = await ctx.jobs.enqueue("child.job", 2, unique_key="child-key")
+        # on a queue no worker here consumes: a claimed and finished child would free its key between the two
+        one = await ctx.jobs.enqueue("child.job", 1, unique_key="child-key", queue="children")
+        two = await ctx.jobs.enqueue("child.job", 2, unique_key="child-key", queue="children")
         children.append((one.created, two.created and two.job_id != one.job_id))
         return ctx.attempt
 
