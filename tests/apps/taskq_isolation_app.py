@@ -126,8 +126,10 @@ def checkpoints(payload: int, ctx: JobContext[int]) -> dict[str, Any]:
 @actor(name="iso.proc.unique_kids", isolation="process")
 def unique_kids(payload: str, ctx: JobContext[str]) -> dict[str, Any]:
     """Two child jobs with one unique key, from a child process: the second is the first's handle."""
-    one = ctx.jobs.enqueue_sync("iso.proc.whoami", 1, unique_key=payload)
-    two = ctx.jobs.enqueue_sync("iso.proc.whoami", 2, unique_key=payload)
+    # an actor no worker of the test runs, on a queue none consumes: a first child run (or failed as unknown)
+    # before the second enqueue would free the key (scope active)
+    one = ctx.jobs.enqueue_sync("iso.kid.elsewhere", 1, unique_key=payload, queue="kids")
+    two = ctx.jobs.enqueue_sync("iso.kid.elsewhere", 2, unique_key=payload, queue="kids")
     return {"created": [one.created, two.created], "same": one.job_id == two.job_id, "kid": str(one.job_id)}
 
 
