@@ -1,7 +1,8 @@
 """Job dependencies: fan-out, fan-in and a chain.
 
     python benchmarks/workflows.py [--dsn DSN] [--fan-out 10000] [--fan-in 1000] [--fan-in-batch 100]
-                                   [--chain 1000] [--chunk N] [--rounds 3] [--json out.json]
+                                   [--fan-in-repeats 5] [--chain 1000] [--chunk N] [--rounds 3]
+                                   [--json out.json]
 
 - Fan-out: one parent with N children (enqueue_many with depends_on). The parent is claimed and finished
   with the worker's own statements (job_claim, job_finish_batch) from this process, while one idle worker
@@ -12,8 +13,9 @@
   transactions of --fan-in-batch parents (as a worker's completer batches them). Figures: the last batch's
   transaction, and the time from its COMMIT until another connection sees the child pending. (Until
   issue 15's fourth session this figure was measured from the start of the last batch's transaction.)
-  Then the same graph drained by one worker process: the child's started_at minus the last parent's
-  finished_at (both now(), the start of their transactions; informational).
+  Then the same graph drained by one worker process, --fan-in-repeats times a round: the median of the
+  child's started_at minus the last parent's finished_at (both now(), the start of their transactions;
+  informational). One drain is one sample, which moves with how the worker's last batches fall.
 - Chain: N jobs each depending on the previous, one worker process; per link, the child's started_at
   minus its parent's finished_at (p50, p99, max): the worker wakes on the NOTIFY the cascade sends.
 Medians of the rounds are reported; each round uses fresh rows. Run with another interpreter (for example
@@ -196,9 +198,16 @@ def fan_in(dsn: str, n: int, batch: int) -> dict[str, float]:
             "fanin_commit_to_claimable_ms": (seen - committed) * 1000}
 
 
-def fan_in_worker(dsn: str, n: int, timeout: float) -> dict[str, float]:
-    """The same graph drained by one worker process: the child's started_at minus the last parent's
-    finished_at (both now(), that is the start of their transactions)."""
+def fan_in_worker(dsn: str, n: int, timeout: float, repeats: int) -> dict[str, float]:
+    """The same graph drained by one worker process, `repeats` times: the median of the child's started_at
+    minus the last parent's finished_at (both now(), that is the start of their transactions). One drain
+    gives one sample, which moves with how the worker's last claim and finish batches fall."""
+    samples = [_fan_in_worker_once(dsn, n, timeout) for _ in range(repeats)]
+    print("  fan-in, 1 worker: " + " / ".join(f"{s:.1f}" for s in samples) + " ms", flush=True)
+    return {"last_parent_to_child_started_ms": statistics.median(samples)}
+
+
+def _fan_in_worker_once(dsn: str, n: int, timeout: float) -> float:
     _reset(dsn)
 
     async def enqueue() -> None:
@@ -216,7 +225,7 @@ def fan_in_worker(dsn: str, n: int, timeout: float) -> dict[str, float]:
                  (SELECT max(finished_at) AS last FROM taskq.jobs WHERE dependency_mode IS NULL) AS p
             WHERE c.dependency_mode IS NOT NULL""").fetchone()
     assert row is not None
-    return {"last_parent_to_child_started_ms": float(row[0])}
+    return float(row[0])
 
 
 def chain(dsn: str, n: int, timeout: float) -> dict[str, float]:
@@ -248,6 +257,8 @@ def main() -> None:
     parser.add_argument("--fan-out", type=int, default=10_000, help="children of the one parent")
     parser.add_argument("--fan-in", type=int, default=1_000, help="parents of the one child")
     parser.add_argument("--fan-in-batch", type=int, default=100, help="parents per finish transaction")
+    parser.add_argument("--fan-in-repeats", type=int, default=5,
+                        help="fan-in graphs drained by one worker per round (their median is the round's figure)")
     parser.add_argument("--chain", type=int, default=1_000, help="jobs in the chain")
     parser.add_argument("--chunk", type=int, default=None,
                         help="taskq.settle_chunk for the run (default: the migration's, 1,000)")
@@ -256,7 +267,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=RESULTS_DIR / "workflows.json")
     args = parser.parse_args()
     params = {"fan_out": args.fan_out, "fan_in": args.fan_in, "fan_in_batch": args.fan_in_batch, "chain": args.chain,
-              "rounds": args.rounds, "chunk": args.chunk}
+              "fan_in_repeats": args.fan_in_repeats, "rounds": args.rounds, "chunk": args.chunk}
     info = machine()
     with bench_database(args.dsn, "workflows") as dsn:
         if args.chunk is not None:  # every later connection (the workers' too) settles in chunks of this size
@@ -268,7 +279,8 @@ def main() -> None:
         rounds: list[dict[str, float]] = []
         for i in range(args.rounds):
             figures = fan_out(dsn, args.fan_out) | fan_in(dsn, args.fan_in, args.fan_in_batch) \
-                | fan_in_worker(dsn, args.fan_in, args.timeout) | chain(dsn, args.chain, args.timeout)
+                | fan_in_worker(dsn, args.fan_in, args.timeout, args.fan_in_repeats) \
+                | chain(dsn, args.chain, args.timeout)
             print(f"round {i + 1}: " + ", ".join(f"{k}={v:.1f}" for k, v in figures.items()), flush=True)
             rounds.append(figures)
     medians = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
