@@ -91,6 +91,8 @@ def _switched_off() -> bool:
 
 def active() -> Tracer | None:
     """The integration's tracer when OpenTelemetry traces in this process, else None."""
+    if _hooks is not None and _off is False:  # once found in use (an integration registers only once imported)
+        return _hooks.tracer()
     if "opentelemetry" not in sys.modules or _switched_off():
         return None
     found = hooks()

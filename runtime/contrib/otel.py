@@ -109,6 +109,12 @@ def _remote(trace_hex: str, span_hex: str, flags: str) -> tuple[context.Context,
     return trace.set_span_in_context(NonRecordingSpan(span_context), _ROOT), span_context
 
 
+_last_parent: tuple[str, tuple[context.Context, SpanContext, None]] = ("\0", _NONE)  # no stored text has a NUL
+"""The last stored trace context read by the fast path, and what it gave: the jobs of one enqueue_many call
+carry the same one (one producer span a call), and a worker claims and starts them one after another. What it
+gives is immutable (a Context, a SpanContext), so one job's parent can be another's."""
+
+
 def _stored_parent(stored: str) -> tuple[context.Context, SpanContext, dict[str, Any] | None]:
     """The enqueue's span context from a job's stored trace context (its JSON text, as claimed), a context
     holding it, and the stored object (None when read by the fast path: a traceparent and nothing else).
@@ -116,9 +122,15 @@ def _stored_parent(stored: str) -> tuple[context.Context, SpanContext, dict[str,
     on the text directly, without decoding the JSON, and read with the W3C propagator's checks; anything
     else is decoded: a traceparent beside a retry's first-attempt key is read the same way, and a
     tracestate, baggage, B3 or a propagator of the application's by the global propagator."""
+    global _last_parent
+    last = _last_parent
+    if last[0] == stored:
+        return last[1]
     found = _STORED_W3C.fullmatch(stored)
     if found is not None:
-        return (*_remote(*found.groups()), None)
+        parent = (*_remote(*found.groups()), None)
+        _last_parent = (stored, parent)
+        return parent
     headers = json.loads(stored)
     if not isinstance(headers, dict):
         return _NONE

@@ -64,3 +64,16 @@ def test_a_stored_value_that_is_not_an_object_gives_no_parent(text: str) -> None
     created, span_context, _ = _stored_parent(text)
     assert not span_context.is_valid
     assert not trace.get_current_span(created).get_span_context().is_valid
+
+
+def test_the_jobs_of_one_batch_share_one_parent_and_another_context_gets_its_own() -> None:
+    # one enqueue_many call stores the same trace context on every job: the worker reads it once
+    one = f'{{"traceparent": "00-{TRACE}-{SPAN}-01"}}'
+    first = _stored_parent(one)
+    assert _stored_parent("".join(one)) is first  # an equal text, not the same object
+    other = _stored_parent(f'{{"traceparent": "00-{TRACE}-{"1" * 16}-01"}}')
+    assert other is not first and other[1].span_id == int("1" * 16, 16)
+    # what is not read by the fast path is never served from the last fast read
+    assert _stored_parent(f'{{"traceparent": "00-{TRACE.upper()}-{SPAN}-01"}}')[2] is not None
+    again = _stored_parent(one)
+    assert again[1] == first[1] and again[1].span_id == int(SPAN, 16)
