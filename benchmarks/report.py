@@ -236,12 +236,22 @@ def take_otel(reports: Sequence[dict[str, Any]]) -> Table:
 
 def take_otel_overhead(reports: Sequence[dict[str, Any]]) -> Table:
     (report,) = reports
-    rows = [[setup, _num(r["bare_us"], 1), _num(r["taskq_us"], 1), f"{r['taskq_own_us']:+.1f}"]
-            for setup, r in report["results"].items()]
+    counted = all("instructions" in r for r in report["results"].values())  # a run with --instructions
+    rows = []
+    for setup, r in report["results"].items():
+        row = [setup, _num(r["bare_us"], 1), _num(r["taskq_us"], 1), f"{r['taskq_own_us']:+.1f}"]
+        if counted:
+            i = r["instructions"]
+            own = f"{i['taskq_own']:+,.0f} ({i['taskq_own'] / i['bare']:+.0%})"
+            row += [_num(i["bare"], 0), _num(i["taskq"], 0), own]
+        rows.append(row)
     target = report["target"]
     notes = [f"Target: taskq's own work per traced job (all sampled) ≤ {target['taskq_own_us']:g} µs: "
              f"{_met(target['met'])}."]
-    return ["set-up", "bare SDK span µs", "taskq consumer span µs", "taskq's own µs"], rows, notes
+    columns = ["set-up", "bare SDK span µs", "taskq consumer span µs", "taskq's own µs"]
+    if counted:
+        columns += ["bare SDK span, instructions", "taskq consumer span, instructions", "taskq's own, instructions"]
+    return columns, rows, notes
 
 
 def take_summary(reports: Sequence[dict[str, Any]]) -> Table:
