@@ -1,4 +1,4 @@
--- The taskq schema as migrations 0001..0021 leave it (the last: 0021_job_domains.sql),
+-- The taskq schema as migrations 0001..0022 leave it (the last: 0022_lean_history_indexes.sql),
 -- with taskq.schema_migrations, which `taskq migrate` creates before the first. For reading only:
 -- taskq never runs this file, and the migrations stay the source of truth.
 --
@@ -209,8 +209,6 @@ ALTER TABLE taskq.job_attempts
 ALTER TABLE ONLY taskq.job_attempts
     ADD CONSTRAINT job_attempts_pkey PRIMARY KEY (job_id, claim_epoch);
 
-CREATE INDEX job_attempts_open_idx ON taskq.job_attempts USING btree (worker_id) WHERE (finished_at IS NULL);
-
 CREATE INDEX job_attempts_retention_idx ON taskq.job_attempts USING btree (finished_at) WHERE (finished_at IS NOT NULL);
 
 CREATE TABLE taskq.job_dependencies (
@@ -254,9 +252,7 @@ ALTER TABLE taskq.job_events
     ADD CONSTRAINT job_events_kind_check CHECK ((kind = ANY (ARRAY['state_change'::text, 'cancel_requested'::text, 'progress'::text, 'note'::text, 'snoozed'::text, 'requeued'::text, 'operator'::text, 'step'::text, 'signal'::text, 'sleeping'::text, 'waiting'::text]))) NOT VALID;
 
 ALTER TABLE ONLY taskq.job_events
-    ADD CONSTRAINT job_events_pkey PRIMARY KEY (id);
-
-CREATE INDEX job_events_job_idx ON taskq.job_events USING btree (job_id, id);
+    ADD CONSTRAINT job_events_pkey PRIMARY KEY (job_id, id);
 
 CREATE TABLE taskq.job_signals (
     id bigint NOT NULL,

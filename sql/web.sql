@@ -78,7 +78,7 @@ LIMIT %(limit)s;
 
 -- name: job_events_page
 -- A job's timeline, newest first, at most %(limit)s, before the id %(before)s (NULL: from the newest),
--- from job_events_job_idx.
+-- from job_events_pkey (job_id, id).
 SELECT id, job_id, at, kind, from_status, to_status, attempt, worker_id, detail
 FROM taskq.job_events
 WHERE job_id = %(id)s AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)

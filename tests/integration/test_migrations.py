@@ -72,13 +72,16 @@ async def test_migrated_schema_has_the_indexes_the_queries_rely_on(conn: AsyncCo
         "jobs_created_at_idx",
         "jobs_parent_idx",
         "schedules_due_idx",
-        "job_events_job_idx",
+        "job_events_pkey",
         "job_attempts_pkey",
-        "job_attempts_open_idx",
         "workers_heartbeat_idx",
         "lease_losses_worker_idx",
     ):
         assert name in indexes, f"missing index {name}"
+    # a job's events are found by job (schema 22: the key is (job_id, id), no second index); no index on attempts
+    # by worker: nothing reads them so
+    assert "(job_id, id)" in indexes["job_events_pkey"] and "job_events_job_idx" not in indexes
+    assert "job_attempts_open_idx" not in indexes
     assert "USING gin (tags)" in indexes["jobs_tags_idx"]
     assert "WHERE (tags <> '{}'::text[])" in indexes["jobs_tags_idx"]  # tagged jobs only (schema 20)
     claim = indexes["jobs_claim_idx"]
