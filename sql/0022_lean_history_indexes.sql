@@ -10,7 +10,7 @@
 --   alone. The primary key becomes (job_id, id) and the second index goes; id stays an identity column, in
 --   commit order for each job as before.
 -- Measured on drains before and after in one run (benchmarks/defaults.py, 10 rounds): PostgreSQL's CPU per job
--- 5-9 % less in three of four cases (defaults and concurrency 500, 1 and 2 workers), its WAL per job 7 % less.
+-- 6-10 % less in three of four cases (defaults and concurrency 500, 1 and 2 workers), its WAL per job 7 % less.
 --
 -- The new key's index is built in this migration's transaction: job_events is locked against writes (workers'
 -- claims and finishes wait) while it is built over the rows it holds: 0.7 s per million rows on a 2-vCPU VM
