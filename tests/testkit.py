@@ -20,6 +20,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from taskq import sql
 from taskq.settings import WorkerSettings
 from taskq.worker.main import Worker, worker_main_async
 
@@ -229,3 +230,16 @@ class WebServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+
+
+async def migrate_until(conn: psycopg.AsyncConnection[Any], version: int) -> None:
+    """The migrations up to `version` as `taskq migrate` applies them, recorded, so that migrate() goes on: a
+    database of an older schema, for an upgrade test."""
+    await conn.execute(sql.query("migrations_bootstrap"))
+    for migration in sql.migrations():
+        if migration.version > version:
+            break
+        async with conn.transaction():
+            await conn.execute(migration.sql)
+            await conn.execute(sql.query("migrations_record"), {"version": migration.version, "name": migration.name,
+                                                                "checksum": migration.checksum})

@@ -10,8 +10,8 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import AsyncConnection, errors
+from testkit import migrate_until
 
-from taskq import sql
 from taskq.backend.migrations import migrate
 
 DOMAIN_CHECKS = {
@@ -59,18 +59,6 @@ async def conn(empty_dsn: str) -> AsyncIterator[AsyncConnection[Any]]:
         yield c
 
 
-async def migrate_until(conn: AsyncConnection[Any], version: int) -> None:
-    """The migrations up to `version` as `taskq migrate` applies them, recorded, so that migrate() goes on."""
-    await conn.execute(sql.query("migrations_bootstrap"))
-    for migration in sql.migrations():
-        if migration.version > version:
-            break
-        async with conn.transaction():
-            await conn.execute(migration.sql)
-            await conn.execute(sql.query("migrations_record"), {"version": migration.version, "name": migration.name,
-                                                                "checksum": migration.checksum})
-
-
 async def table_text(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
     cur = await conn.execute("SELECT j::text FROM taskq.jobs AS j ORDER BY id")
     return await cur.fetchall()
@@ -83,7 +71,7 @@ async def test_the_upgrade_keeps_every_row_and_rewrites_nothing(conn: AsyncConne
     cur = await conn.execute("SELECT pg_relation_filenode('taskq.jobs')")
     (filenode,) = await cur.fetchone() or (None,)
     outcome = await migrate(conn)
-    assert outcome.applied == (21,)
+    assert outcome.applied[0] == 21  # and the later ones, which do not touch taskq.jobs
     assert await table_text(conn) == before and len(before) == 2000
     cur = await conn.execute("SELECT pg_relation_filenode('taskq.jobs')")
     assert await cur.fetchone() == (filenode,), "the migration rewrote taskq.jobs"

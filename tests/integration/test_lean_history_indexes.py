@@ -10,9 +10,9 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import AsyncConnection, errors
+from testkit import migrate_until
 
 from taskq.backend.migrations import migrate
-from tests.integration.test_job_domains import migrate_until
 
 HISTORY = """
 WITH j AS (
