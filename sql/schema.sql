@@ -1,4 +1,4 @@
--- The taskq schema as migrations 0001..0022 leave it (the last: 0022_lean_history_indexes.sql),
+-- The taskq schema as migrations 0001..0023 leave it (the last: 0023_attempts_hot_finish.sql),
 -- with taskq.schema_migrations, which `taskq migrate` creates before the first. For reading only:
 -- taskq never runs this file, and the migrations stay the source of truth.
 --
@@ -201,7 +201,8 @@ CREATE TABLE taskq.job_attempts (
     outcome text,
     error_class text,
     error_message text
-);
+)
+WITH (fillfactor='40');
 
 ALTER TABLE taskq.job_attempts
     ADD CONSTRAINT job_attempts_outcome_check CHECK ((outcome = ANY (ARRAY['succeeded'::text, 'failed'::text, 'retried'::text, 'cancelled'::text, 'abandoned'::text, 'interrupted'::text, 'crashed'::text, 'stale'::text, 'snoozed'::text, 'sleeping'::text, 'waiting'::text]))) NOT VALID;
@@ -209,7 +210,7 @@ ALTER TABLE taskq.job_attempts
 ALTER TABLE ONLY taskq.job_attempts
     ADD CONSTRAINT job_attempts_pkey PRIMARY KEY (job_id, claim_epoch);
 
-CREATE INDEX job_attempts_retention_idx ON taskq.job_attempts USING btree (finished_at) WHERE (finished_at IS NOT NULL);
+CREATE INDEX job_attempts_retention_idx ON taskq.job_attempts USING btree (started_at);
 
 CREATE TABLE taskq.job_dependencies (
     parent_id uuid NOT NULL,
