@@ -73,6 +73,7 @@ class StderrHandler(logging.StreamHandler[TextIO]):
         self._flush_due = False
         self._second = -1  # the second whose time stamp prefix is cached
         self._stamp = ""
+        self._pid = os.getpid()  # each job line names it: os.getpid() is a system call (glibc caches no pid)
         _handlers.add(self)
 
     def job_line(self, message: str, fields: dict[str, Any] | None) -> None:
@@ -87,11 +88,11 @@ class StderrHandler(logging.StreamHandler[TextIO]):
         millis = int((now - second) * 1000)
         if fields is not None and self.json:
             doc = {"time": f"{self._stamp}{millis:03d}+00:00", "level": "INFO", "logger": log.name,
-                   "message": message, "pid": os.getpid()} | fields
+                   "message": message, "pid": self._pid} | fields
             doc |= tracing.trace_ids()
             line = _encode_json(doc)
         else:
-            line = f"{self._stamp}{millis:03d} INFO {log.name} [{os.getpid()}] {message}"
+            line = f"{self._stamp}{millis:03d} INFO {log.name} [{self._pid}] {message}"
         with self.lock or _NO_LOCK:
             self._pending.append(line)
             if self._flush_due:
@@ -120,18 +121,20 @@ class StderrHandler(logging.StreamHandler[TextIO]):
             except Exception:  # as StreamHandler.emit: a broken stderr must not stop the worker
                 self.handleError(logging.makeLogRecord({"msg": "job lines", "levelno": logging.INFO}))
 
-    def _forget_pending(self) -> None:
+    def _forked(self) -> None:
+        # a forked child would otherwise write its parent's unwritten lines a second time at its exit, and
+        # name its parent's pid in its own lines
         self._pending = []
         self._flush_due = False
+        self._pid = os.getpid()
 
 
-def _drop_inherited_lines() -> None:
-    # a forked child would otherwise write its parent's unwritten lines a second time at its exit
+def _after_fork_in_child() -> None:
     for handler in list(_handlers):
-        handler._forget_pending()
+        handler._forked()
 
 
-os.register_at_fork(after_in_child=_drop_inherited_lines)
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _NoLock:

@@ -156,6 +156,33 @@ def test_a_forked_child_does_not_write_its_parents_kept_lines_again(root_logging
     assert written.count(" started\n") == 1, written
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_a_forked_childs_lines_name_its_own_pid(root_logging: logging.Logger, log_format: str) -> None:
+    # the handler keeps its process's pid (os.getpid() is a system call per line); a fork must not keep the parent's
+    handler, _ = _install(root_logging, log_format)
+    read_fd, write_fd = os.pipe()
+    handler.setStream(os.fdopen(os.dup(write_fd), "w"))
+    logs.JobLines("w-9").started(JOB)  # outside a loop: written at once, by the parent
+    pid = os.fork()
+    if pid == 0:
+        try:
+            logs.JobLines("w-9").finished(JOB, "succeeded", 0.001, None)
+            handler.flush()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    handler.stream.close()
+    os.close(write_fd)
+    with os.fdopen(read_fd) as pipe:
+        lines = pipe.read().splitlines()
+    assert len(lines) == 2, lines
+    if log_format == "json":
+        assert [json.loads(line)["pid"] for line in lines] == [os.getpid(), pid]
+    else:
+        assert f"[{os.getpid()}] " in lines[0] and f"[{pid}] " in lines[1], lines
+
+
 def test_a_broken_stream_does_not_raise_into_the_worker(root_logging: logging.Logger,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     handler, _ = _install(root_logging, "text")
