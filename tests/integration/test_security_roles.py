@@ -359,8 +359,8 @@ async def test_worker_role_prunes_through_the_owner_functions_and_only_terminal_
                             "now() - interval '30 days') RETURNING id", status)
         ids[status] = row[0]
         query(dsn, "INSERT INTO taskq.job_events (job_id, kind) VALUES (%s, 'note')", row[0])
-        query(dsn, "INSERT INTO taskq.job_attempts (job_id, attempt, claim_epoch, worker_id, finished_at) "
-                   "VALUES (%s, 1, 1, 'w', now() - interval '60 days')", row[0])
+        query(dsn, "INSERT INTO taskq.job_attempts (job_id, attempt, claim_epoch, worker_id, started_at, finished_at) "
+                   "VALUES (%s, 1, 1, 'w', now() - interval '61 days', now() - interval '60 days')", row[0])
     backend = await Backend.open(roles.worker_dsn, max_size=1)
     try:
         windows = {PruneClass.SUCCEEDED: 86400.0, PruneClass.FAILED: 86400.0, PruneClass.ATTEMPTS: 86400.0}
