@@ -9,6 +9,7 @@ import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -118,6 +119,13 @@ def empty_dsn(admin_dsn: str) -> Iterator[str]:
     name, test_dsn = _create_db(admin_dsn, None)
     yield test_dsn
     _drop_db(admin_dsn, name)
+
+
+@pytest.fixture
+async def empty_conn(empty_dsn: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """An autocommit connection to `empty_dsn` (for the tests of migrations and upgrades)."""
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as c:
+        yield c
 
 
 @pytest.fixture

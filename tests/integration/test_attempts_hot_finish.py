@@ -4,10 +4,8 @@ finishes of a real worker are HOT; retention still goes by each attempt's own fi
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
-import psycopg
 import pytest
 from psycopg import AsyncConnection
 from testkit import migrate_until, query, running_worker, wait_for
@@ -33,28 +31,22 @@ FROM (SELECT id, row_number() OVER () AS n FROM j) AS numbered
 """
 
 
-@pytest.fixture
-async def conn(empty_dsn: str) -> AsyncIterator[AsyncConnection[Any]]:
-    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as c:
-        yield c
-
-
-async def test_the_upgrade_keeps_every_attempt_and_indexes_the_start(conn: AsyncConnection[Any]) -> None:
-    await migrate_until(conn, 22)
-    await conn.execute(ATTEMPTS)
-    before = await (await conn.execute("SELECT t::text FROM taskq.job_attempts AS t ORDER BY 1")).fetchall()
+async def test_the_upgrade_keeps_every_attempt_and_indexes_the_start(empty_conn: AsyncConnection[Any]) -> None:
+    await migrate_until(empty_conn, 22)
+    await empty_conn.execute(ATTEMPTS)
+    before = await (await empty_conn.execute("SELECT t::text FROM taskq.job_attempts AS t ORDER BY 1")).fetchall()
     assert len(before) == 300
-    await migrate(conn)
-    after = await (await conn.execute("SELECT t::text FROM taskq.job_attempts AS t ORDER BY 1")).fetchall()
+    await migrate(empty_conn)
+    after = await (await empty_conn.execute("SELECT t::text FROM taskq.job_attempts AS t ORDER BY 1")).fetchall()
     assert after == before
-    cur = await conn.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'job_attempts'")
+    cur = await empty_conn.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'job_attempts'")
     indexes = dict(await cur.fetchall())
     assert set(indexes) == {"job_attempts_pkey", "job_attempts_retention_idx"}
     # no column a finish writes is indexed: not in a key, not in a predicate
     assert indexes["job_attempts_retention_idx"].endswith("USING btree (started_at)")
     for column in ("finished_at", "outcome", "error_class", "error_message"):
         assert all(column not in d for d in indexes.values()), (column, indexes)
-    cur = await conn.execute("SELECT reloptions FROM pg_class WHERE oid = 'taskq.job_attempts'::regclass")
+    cur = await empty_conn.execute("SELECT reloptions FROM pg_class WHERE oid = 'taskq.job_attempts'::regclass")
     assert (await cur.fetchone()) == (["fillfactor=40"],)
 
 

@@ -4,10 +4,8 @@ the same constraint; clients read the columns as their base types."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
-import psycopg
 import pytest
 from psycopg import AsyncConnection, errors
 from testkit import migrate_until
@@ -53,45 +51,39 @@ FROM generate_series(1, 2000) AS i
 """
 
 
-@pytest.fixture
-async def conn(empty_dsn: str) -> AsyncIterator[AsyncConnection[Any]]:
-    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as c:
-        yield c
-
-
 async def table_text(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
     cur = await conn.execute("SELECT j::text FROM taskq.jobs AS j ORDER BY id")
     return await cur.fetchall()
 
 
-async def test_the_upgrade_keeps_every_row_and_rewrites_nothing(conn: AsyncConnection[Any]) -> None:
-    await migrate_until(conn, 20)
-    await conn.execute(ROWS)
-    before = await table_text(conn)
-    cur = await conn.execute("SELECT pg_relation_filenode('taskq.jobs')")
+async def test_the_upgrade_keeps_every_row_and_rewrites_nothing(empty_conn: AsyncConnection[Any]) -> None:
+    await migrate_until(empty_conn, 20)
+    await empty_conn.execute(ROWS)
+    before = await table_text(empty_conn)
+    cur = await empty_conn.execute("SELECT pg_relation_filenode('taskq.jobs')")
     (filenode,) = await cur.fetchone() or (None,)
-    outcome = await migrate(conn)
+    outcome = await migrate(empty_conn)
     assert outcome.applied[0] == 21  # and the later ones, which do not touch taskq.jobs
-    assert await table_text(conn) == before and len(before) == 2000
-    cur = await conn.execute("SELECT pg_relation_filenode('taskq.jobs')")
+    assert await table_text(empty_conn) == before and len(before) == 2000
+    cur = await empty_conn.execute("SELECT pg_relation_filenode('taskq.jobs')")
     assert await cur.fetchone() == (filenode,), "the migration rewrote taskq.jobs"
-    cur = await conn.execute(
+    cur = await empty_conn.execute(
         "SELECT a.attname, t.typname FROM pg_attribute AS a JOIN pg_type AS t ON t.oid = a.atttypid "
         "WHERE a.attrelid = 'taskq.jobs'::regclass AND t.typtype = 'd'")
     assert dict(await cur.fetchall()) == {column: f"jobs_{column}" for column in DOMAIN_CHECKS}
     # no check over one column is left on the table, and the indexes are valid
-    cur = await conn.execute("SELECT count(*) FROM pg_constraint WHERE conrelid = 'taskq.jobs'::regclass "
+    cur = await empty_conn.execute("SELECT count(*) FROM pg_constraint WHERE conrelid = 'taskq.jobs'::regclass "
                              "AND contype = 'c' AND cardinality(conkey) = 1")
     assert await cur.fetchone() == (0,)
-    cur = await conn.execute("SELECT count(*) FROM pg_index WHERE indrelid = 'taskq.jobs'::regclass "
+    cur = await empty_conn.execute("SELECT count(*) FROM pg_index WHERE indrelid = 'taskq.jobs'::regclass "
                              "AND NOT (indisvalid AND indisready)")
     assert await cur.fetchone() == (0,)
 
 
-async def test_clients_read_the_domain_columns_as_their_base_types(conn: AsyncConnection[Any]) -> None:
-    await migrate(conn)
-    await conn.execute(ROWS)
-    cur = await conn.execute("SELECT actor, status, attempt, claim_epoch, cancel_phase, revision, unique_key "
+async def test_clients_read_the_domain_columns_as_their_base_types(empty_conn: AsyncConnection[Any]) -> None:
+    await migrate(empty_conn)
+    await empty_conn.execute(ROWS)
+    cur = await empty_conn.execute("SELECT actor, status, attempt, claim_epoch, cancel_phase, revision, unique_key "
                              "FROM taskq.jobs WHERE unique_key IS NOT NULL LIMIT 1")
     row = await cur.fetchone()
     assert row is not None
@@ -102,20 +94,21 @@ async def test_clients_read_the_domain_columns_as_their_base_types(conn: AsyncCo
 
 @pytest.mark.parametrize(("column", "values"), REFUSED, ids=[f"{c}-{i}" for i, (c, _) in enumerate(REFUSED)])
 async def test_each_domain_refuses_what_its_check_refused(
-    conn: AsyncConnection[Any], column: str, values: dict[str, Any]
+    empty_conn: AsyncConnection[Any], column: str, values: dict[str, Any]
 ) -> None:
-    await migrate(conn)
+    await migrate(empty_conn)
     row = {"actor": "a"} | values
     with pytest.raises(errors.CheckViolation) as raised:
-        await conn.execute(f"INSERT INTO taskq.jobs ({', '.join(row)}) VALUES ({', '.join(['%s'] * len(row))})",
+        await empty_conn.execute(f"INSERT INTO taskq.jobs ({', '.join(row)}) VALUES ({', '.join(['%s'] * len(row))})",
                            list(row.values()))
     assert raised.value.diag.constraint_name == DOMAIN_CHECKS[column]
     # an update of a stored row is checked too, and leaves the row as it was
-    await conn.execute("INSERT INTO taskq.jobs (actor) VALUES ('a')")
-    before = await table_text(conn)
+    await empty_conn.execute("INSERT INTO taskq.jobs (actor) VALUES ('a')")
+    before = await table_text(empty_conn)
     with pytest.raises(errors.CheckViolation):
-        await conn.execute(f"UPDATE taskq.jobs SET {', '.join(f'{k} = %s' for k in values)}", list(values.values()))
-    assert await table_text(conn) == before
+        await empty_conn.execute(f"UPDATE taskq.jobs SET {', '.join(f'{k} = %s' for k in values)}",
+                                 list(values.values()))
+    assert await table_text(empty_conn) == before
 
 
 @pytest.mark.parametrize("call", [
@@ -124,11 +117,11 @@ async def test_each_domain_refuses_what_its_check_refused(
     "taskq.job_claim_queue_limited_v16(ARRAY['q'], 5, 'w1', 30, NULL, NULL)",
     "taskq.job_claim_limited_v16(ARRAY['q'], 5, 50, 'w1', 30, NULL, NULL)",
 ])
-async def test_the_limited_claims_of_every_release_still_claim(conn: AsyncConnection[Any], call: str) -> None:
+async def test_the_limited_claims_of_every_release_still_claim(empty_conn: AsyncConnection[Any], call: str) -> None:
     # a worker of an earlier release calls its own version during a rolling upgrade; PL/pgSQL's RETURN QUERY
     # refuses a domain where the result says text, so each one's select list casts (schema 21)
-    await migrate(conn)
-    await conn.execute("INSERT INTO taskq.queues (name, concurrency_limit) VALUES ('q', 3)")
-    await conn.execute("INSERT INTO taskq.jobs (actor, queue) SELECT 'app.act', 'q' FROM generate_series(1, 5)")
-    cur = await conn.execute(f"SELECT actor, queue, attempt, max_attempts, claim_epoch FROM {call}")
+    await migrate(empty_conn)
+    await empty_conn.execute("INSERT INTO taskq.queues (name, concurrency_limit) VALUES ('q', 3)")
+    await empty_conn.execute("INSERT INTO taskq.jobs (actor, queue) SELECT 'app.act', 'q' FROM generate_series(1, 5)")
+    cur = await empty_conn.execute(f"SELECT actor, queue, attempt, max_attempts, claim_epoch FROM {call}")
     assert await cur.fetchall() == [("app.act", "q", 1, 3, 1)] * 3

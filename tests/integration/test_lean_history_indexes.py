@@ -4,10 +4,8 @@ the new key; an event id taken twice for one job is still refused."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
-import psycopg
 import pytest
 from psycopg import AsyncConnection, errors
 from testkit import migrate_until
@@ -28,39 +26,36 @@ SELECT id, 'state_change', s.f, s.t, 1 FROM j,
 """
 
 
-@pytest.fixture
-async def conn(empty_dsn: str) -> AsyncIterator[AsyncConnection[Any]]:
-    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as c:
-        yield c
-
-
 async def rows(conn: AsyncConnection[Any], table: str) -> list[tuple[Any, ...]]:
     cur = await conn.execute(f"SELECT t::text FROM taskq.{table} AS t ORDER BY t::text")
     return await cur.fetchall()
 
 
-async def test_the_upgrade_keeps_every_event_and_attempt_and_keys_events_by_job(conn: AsyncConnection[Any]) -> None:
-    await migrate_until(conn, 21)
-    await conn.execute(HISTORY)
-    events, attempts = await rows(conn, "job_events"), await rows(conn, "job_attempts")
+async def test_the_upgrade_keeps_every_event_and_attempt_and_keys_events_by_job(
+    empty_conn: AsyncConnection[Any],
+) -> None:
+    await migrate_until(empty_conn, 21)
+    await empty_conn.execute(HISTORY)
+    events, attempts = await rows(empty_conn, "job_events"), await rows(empty_conn, "job_attempts")
     assert len(events) == 600 and len(attempts) == 300
-    await migrate(conn)
-    assert await rows(conn, "job_events") == events and await rows(conn, "job_attempts") == attempts
-    cur = await conn.execute(
+    await migrate(empty_conn)
+    assert await rows(empty_conn, "job_events") == events and await rows(empty_conn, "job_attempts") == attempts
+    cur = await empty_conn.execute(
         "SELECT indexname, indexdef FROM pg_indexes WHERE tablename IN ('job_events', 'job_attempts')")
     indexes = dict(await cur.fetchall())
     assert set(indexes) == {"job_events_pkey", "job_attempts_pkey", "job_attempts_retention_idx"}
     assert "(job_id, id)" in indexes["job_events_pkey"]
     # a job's timeline, as the dashboard pages it, reads by the key
-    job = (await (await conn.execute("SELECT job_id FROM taskq.job_events LIMIT 1")).fetchone() or [None])[0]
-    await conn.execute("SET enable_seqscan = off")
-    plan = "\n".join(r[0] for r in await (await conn.execute(
+    job = (await (await empty_conn.execute("SELECT job_id FROM taskq.job_events LIMIT 1")).fetchone() or [None])[0]
+    await empty_conn.execute("SET enable_seqscan = off")
+    plan = "\n".join(r[0] for r in await (await empty_conn.execute(
         "EXPLAIN SELECT id FROM taskq.job_events WHERE job_id = %s AND id < 1000 ORDER BY id DESC LIMIT 5",
         (job,))).fetchall())
     assert "job_events_pkey" in plan, plan
     # the key still refuses one event id twice for a job
-    first = await (await conn.execute("SELECT id FROM taskq.job_events WHERE job_id = %s LIMIT 1", (job,))).fetchone()
+    first = await (await empty_conn.execute("SELECT id FROM taskq.job_events WHERE job_id = %s LIMIT 1",
+                                            (job,))).fetchone()
     assert first is not None
     with pytest.raises(errors.UniqueViolation, match="job_events_pkey"):
-        await conn.execute("INSERT INTO taskq.job_events (id, job_id, kind) OVERRIDING SYSTEM VALUE "
+        await empty_conn.execute("INSERT INTO taskq.job_events (id, job_id, kind) OVERRIDING SYSTEM VALUE "
                            "VALUES (%s, %s, 'note')", (first[0], job))

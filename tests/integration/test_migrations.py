@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,12 +23,6 @@ EXPECTED_TABLES = {
 }
 
 
-@pytest.fixture
-async def conn(empty_dsn: str) -> AsyncIterator[AsyncConnection[Any]]:
-    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as c:
-        yield c
-
-
 async def _scalar(conn: AsyncConnection[Any], query: str, params: Any = None) -> Any:
     cur = await conn.execute(query, params)
     row = await cur.fetchone()
@@ -47,23 +40,23 @@ async def _insert_job(conn: AsyncConnection[Any], **columns: Any) -> None:
     )
 
 
-async def test_migrating_an_empty_database_creates_the_taskq_tables(conn: AsyncConnection[Any]) -> None:
-    outcome = await migrate(conn)
+async def test_migrating_an_empty_database_creates_the_taskq_tables(empty_conn: AsyncConnection[Any]) -> None:
+    outcome = await migrate(empty_conn)
     assert outcome.applied == tuple(m.version for m in sql.migrations())
     assert outcome.current == sql.latest_version()
-    cur = await conn.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = 'taskq'")
+    cur = await empty_conn.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = 'taskq'")
     assert {r[0] for r in await cur.fetchall()} == EXPECTED_TABLES
 
 
-async def test_migration_records_version_name_and_checksum(conn: AsyncConnection[Any]) -> None:
-    await migrate(conn)
-    cur = await conn.execute("SELECT version, name, checksum FROM taskq.schema_migrations ORDER BY version")
+async def test_migration_records_version_name_and_checksum(empty_conn: AsyncConnection[Any]) -> None:
+    await migrate(empty_conn)
+    cur = await empty_conn.execute("SELECT version, name, checksum FROM taskq.schema_migrations ORDER BY version")
     assert await cur.fetchall() == [(m.version, m.name, m.checksum) for m in sql.migrations()]
 
 
-async def test_migrated_schema_has_the_indexes_the_queries_rely_on(conn: AsyncConnection[Any]) -> None:
-    await migrate(conn)
-    cur = await conn.execute("SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'taskq'")
+async def test_migrated_schema_has_the_indexes_the_queries_rely_on(empty_conn: AsyncConnection[Any]) -> None:
+    await migrate(empty_conn)
+    cur = await empty_conn.execute("SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'taskq'")
     indexes = dict(await cur.fetchall())
     for name in (
         "jobs_pkey",
@@ -126,50 +119,51 @@ async def test_migrated_schema_has_the_indexes_the_queries_rely_on(conn: AsyncCo
         "empty-actor",
     ],
 )
-async def test_check_constraints_reject_impossible_rows(conn: AsyncConnection[Any], columns: dict[str, Any]) -> None:
-    await migrate(conn)
+async def test_check_constraints_reject_impossible_rows(empty_conn: AsyncConnection[Any],
+                                                       columns: dict[str, Any]) -> None:
+    await migrate(empty_conn)
     with pytest.raises(errors.CheckViolation):
-        await _insert_job(conn, **columns)
-    assert await _scalar(conn, "SELECT count(*) FROM taskq.jobs") == 0
+        await _insert_job(empty_conn, **columns)
+    assert await _scalar(empty_conn, "SELECT count(*) FROM taskq.jobs") == 0
 
 
 @pytest.mark.parametrize("phase", [0, 1, 2])
-async def test_cancel_phases_zero_to_two_are_storable(conn: AsyncConnection[Any], phase: int) -> None:
-    await migrate(conn)
-    await _insert_job(conn, cancel_phase=phase)
-    assert await _scalar(conn, "SELECT cancel_phase FROM taskq.jobs") == phase
+async def test_cancel_phases_zero_to_two_are_storable(empty_conn: AsyncConnection[Any], phase: int) -> None:
+    await migrate(empty_conn)
+    await _insert_job(empty_conn, cancel_phase=phase)
+    assert await _scalar(empty_conn, "SELECT cancel_phase FROM taskq.jobs") == phase
 
 
 async def test_jobs_is_vacuumed_after_a_fixed_number_of_dead_rows_with_its_index_pass(
-    conn: AsyncConnection[Any],
+    empty_conn: AsyncConnection[Any],
 ) -> None:
     """Migration 14: the claim walks the dead entries of jobs_claim_idx left since the last vacuum, so jobs is
     vacuumed after 10,000 dead rows whatever its size, and the vacuum always cleans the indexes."""
-    await migrate(conn)
-    cur = await conn.execute("SELECT reloptions FROM pg_class WHERE oid = 'taskq.jobs'::regclass")
+    await migrate(empty_conn)
+    cur = await empty_conn.execute("SELECT reloptions FROM pg_class WHERE oid = 'taskq.jobs'::regclass")
     row = await cur.fetchone()
     assert row is not None and set(row[0]) >= {
         "autovacuum_vacuum_scale_factor=0", "autovacuum_vacuum_threshold=10000", "vacuum_index_cleanup=on"}
-    cur = await conn.execute("SELECT reloptions FROM pg_class WHERE oid = 'taskq.job_events'::regclass")
+    cur = await empty_conn.execute("SELECT reloptions FROM pg_class WHERE oid = 'taskq.job_events'::regclass")
     assert await cur.fetchone() == (None,), "only the hot table has its own settings"
 
 
-async def test_running_migrate_again_applies_nothing(conn: AsyncConnection[Any]) -> None:
-    await migrate(conn)
-    applied_at = await _scalar(conn, "SELECT applied_at FROM taskq.schema_migrations WHERE version = 1")
-    again = await migrate(conn)
+async def test_running_migrate_again_applies_nothing(empty_conn: AsyncConnection[Any]) -> None:
+    await migrate(empty_conn)
+    applied_at = await _scalar(empty_conn, "SELECT applied_at FROM taskq.schema_migrations WHERE version = 1")
+    again = await migrate(empty_conn)
     assert again.applied == ()
     assert again.current == sql.latest_version()
-    assert await _scalar(conn, "SELECT count(*) FROM taskq.schema_migrations") == len(sql.migrations())
-    assert await _scalar(conn, "SELECT applied_at FROM taskq.schema_migrations WHERE version = 1") == applied_at
+    assert await _scalar(empty_conn, "SELECT count(*) FROM taskq.schema_migrations") == len(sql.migrations())
+    assert await _scalar(empty_conn, "SELECT applied_at FROM taskq.schema_migrations WHERE version = 1") == applied_at
 
 
-async def test_migrate_refuses_an_applied_migration_whose_file_changed(conn: AsyncConnection[Any]) -> None:
-    await migrate(conn)
-    await conn.execute("UPDATE taskq.schema_migrations SET checksum = 'edited' WHERE version = 1")
+async def test_migrate_refuses_an_applied_migration_whose_file_changed(empty_conn: AsyncConnection[Any]) -> None:
+    await migrate(empty_conn)
+    await empty_conn.execute("UPDATE taskq.schema_migrations SET checksum = 'edited' WHERE version = 1")
     with pytest.raises(MigrationError, match=r"migration 0001_initial was applied from a different file"):
-        await migrate(conn)
-    assert await _scalar(conn, "SELECT count(*) FROM taskq.schema_migrations") == len(sql.migrations())
+        await migrate(empty_conn)
+    assert await _scalar(empty_conn, "SELECT count(*) FROM taskq.schema_migrations") == len(sql.migrations())
 
 
 async def test_two_concurrent_migrations_both_succeed_and_apply_each_version_once(empty_dsn: str) -> None:
@@ -200,18 +194,18 @@ async def _record_future_version(conn: AsyncConnection[Any]) -> int:
     return future
 
 
-async def test_client_refuses_a_schema_newer_than_the_code(conn: AsyncConnection[Any], empty_dsn: str) -> None:
-    await migrate(conn)
-    future = await _record_future_version(conn)
+async def test_client_refuses_a_schema_newer_than_the_code(empty_conn: AsyncConnection[Any], empty_dsn: str) -> None:
+    await migrate(empty_conn)
+    future = await _record_future_version(empty_conn)
     with pytest.raises(SchemaTooNew, match=f"version {future}"):
         await JobsClient.connect(empty_dsn)
 
 
-async def test_migrate_refuses_a_schema_newer_than_the_code(conn: AsyncConnection[Any]) -> None:
-    await migrate(conn)
-    await _record_future_version(conn)
+async def test_migrate_refuses_a_schema_newer_than_the_code(empty_conn: AsyncConnection[Any]) -> None:
+    await migrate(empty_conn)
+    await _record_future_version(empty_conn)
     with pytest.raises(SchemaTooNew, match="upgrade taskq"):
-        await migrate(conn)
+        await migrate(empty_conn)
 
 
 async def test_client_on_a_database_without_the_schema_says_to_run_taskq_migrate(empty_dsn: str) -> None:
@@ -220,8 +214,8 @@ async def test_client_on_a_database_without_the_schema_says_to_run_taskq_migrate
 
 
 async def test_client_on_a_database_with_no_migration_applied_says_to_run_taskq_migrate(
-    conn: AsyncConnection[Any], empty_dsn: str
+    empty_conn: AsyncConnection[Any], empty_dsn: str
 ) -> None:
-    await conn.execute(sql.query("migrations_bootstrap"))
+    await empty_conn.execute(sql.query("migrations_bootstrap"))
     with pytest.raises(SchemaNotReady, match="`taskq migrate`"):
         await JobsClient.connect(empty_dsn)
