@@ -28,8 +28,9 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from uuid import UUID
 
@@ -89,14 +90,68 @@ class Outcome:
 
     def traceparent(self) -> str | None:
         """This attempt's span as a W3C traceparent, for the later attempts to link to."""
-        sc = self.span.get_span_context()
-        return f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{int(sc.trace_flags):02x}" if sc.is_valid else None
+        return _traceparent(self.span)
+
+
+def _traceparent(span: trace.Span) -> str | None:
+    sc = span.get_span_context()
+    return f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{int(sc.trace_flags):02x}" if sc.is_valid else None
+
+
+class Unrecorded:
+    """The consumer span of an attempt whose trace is not sampled (a NonRecordingSpan), current while the
+    actor runs: what Outcome is, without the calls a span that records nothing ignores."""
+
+    __slots__ = ("span", "token")
+
+    def __init__(self, span: trace.Span) -> None:
+        self.span = span
+        self.token: object = None
+
+    def __enter__(self) -> Unrecorded:
+        self.token = context.attach(trace.set_span_in_context(self.span))
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        context.detach(self.token)  # type: ignore[arg-type]
+
+    def outcome(self, name: str, error_type: str | None = None) -> None:
+        pass
+
+    def traceparent(self) -> str | None:
+        return _traceparent(self.span)
 
 
 _STORED_W3C = re.compile(r'\{"traceparent": "00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})"\}')
 """A stored trace context that is one W3C traceparent and nothing else, as jsonb writes it back."""
 _FLAGS = {"00": TraceFlags(0), "01": TraceFlags(1)}
 _NONE = (_ROOT, INVALID_SPAN_CONTEXT, None)
+_STORED_UNSAMPLED = re.compile(r'\{"traceparent": "00-(?!0{32})([0-9a-f]{32})-(?!0{16})[0-9a-f]{16}-00"\}')
+"""The same, of a valid parent whose sampled flag is off (flags 00): its trace id."""
+
+
+def _drops_unsampled_parents(tracer: trace.Tracer) -> Callable[[], int] | None:
+    """The tracer's span-id generator when the tracer is the SDK's and would make a remote parent not
+    sampled a NonRecordingSpan of the parent's trace, with a new span id and flags 00, calling no span
+    processor whatever the span's attributes: its sampler is the SDK's ParentBased with the default for
+    that parent (drop: `parentbased_traceidratio` and `parentbased_always_on` are such) and the SDK's
+    metrics about its own spans are off (their default). None for anything else: a sampler of the
+    application's, one that records such a span, or an SDK whose tracer is not what this reads."""
+    sdk = sys.modules.get("opentelemetry.sdk.trace")
+    sampling = sys.modules.get("opentelemetry.sdk.trace.sampling")
+    if sdk is None or sampling is None or type(tracer) is not sdk.Tracer:
+        return None
+    sampler = getattr(tracer, "sampler", None)
+    if (not isinstance(sampler, sampling.ParentBased)
+            or type(sampler).should_sample is not sampling.ParentBased.should_sample
+            or getattr(sampler, "_remote_parent_not_sampled", None) is not sampling.ALWAYS_OFF):
+        return None
+    own_metrics = getattr(tracer, "_tracer_metrics", None)  # counts every span started, dropped or not
+    if own_metrics is not None and type(own_metrics).__name__ != "NoOpTracerMetrics":
+        return None
+    generator = getattr(tracer, "id_generator", None)
+    generate: Callable[[], int] | None = getattr(generator, "generate_span_id", None)
+    return generate
 
 
 def _remote(trace_hex: str, span_hex: str, flags: str) -> tuple[context.Context, SpanContext]:
@@ -145,10 +200,16 @@ def _stored_parent(stored: str) -> tuple[context.Context, SpanContext, dict[str,
 class Tracing:
     def __init__(self, tracer: trace.Tracer) -> None:
         self.tracer = tracer
+        self._unsampled_span_id = _drops_unsampled_parents(tracer)
+        """Set when the tracer drops the span of a remote parent not sampled: `consumer` then makes that
+        span itself, as the SDK would, without the sampler's call, the attributes or the parent's Context
+        (most jobs of a sampled set-up carry such a parent)."""
+        self._enabled: Callable[[], bool] | None = getattr(tracer, "_is_enabled", None)
+        """The SDK's switch for this tracer (its configurator may turn it off): off, the SDK's span differs."""
 
     @contextlib.contextmanager
     def producer(self, queue: str, actor: str, job_id: UUID | None, count: int,
-                 parent: Outcome | None = None) -> Iterator[str | None]:
+                 parent: Outcome | Unrecorded | None = None) -> Iterator[str | None]:
         attributes: dict[str, Any] = {
             "messaging.system": SYSTEM, "messaging.operation.type": "send", "messaging.operation.name": "enqueue",
             "messaging.destination.name": queue, "taskq.actor": actor,
@@ -166,11 +227,17 @@ class Tracing:
             propagate.inject(headers)
             yield json.dumps(headers, separators=(",", ":")) if headers else None
 
-    def consumer(self, job: Any, isolation: str) -> Outcome:
+    def consumer(self, job: Any, isolation: str) -> Outcome | Unrecorded:
         parent = _ROOT  # never the worker's own ambient context
         links: list[Link] | None = None
         stored = job.trace_context
         if stored:
+            new_span_id = self._unsampled_span_id
+            if new_span_id is not None and job.attempt <= 1 and (self._enabled is None or self._enabled()):
+                unsampled = _STORED_UNSAMPLED.fullmatch(stored)
+                if unsampled is not None:  # the span the SDK would make, without its sampler or attributes
+                    return Unrecorded(NonRecordingSpan(SpanContext(int(unsampled[1], 16), new_span_id(), False,
+                                                                   _FLAGS["00"])))
             created, span_context, headers = _stored_parent(stored)
             if span_context.is_valid:
                 if job.attempt <= 1:
@@ -230,7 +297,11 @@ def _make_tracing(provider: Any) -> Tracing:
 def tracing() -> Tracing | None:
     """The Tracing for the current global tracer provider; None while none is set (called per traced place:
     a cache hit is one dictionary lookup and an identity test)."""
-    found: Tracing | None = _for_provider("trace", trace.get_tracer_provider(), _make_tracing)
+    provider = trace.get_tracer_provider()
+    cached = _made.get("trace")
+    if cached is not None and cached[0] is provider:  # the call per traced place: no other call
+        return cached[1]  # type: ignore[no-any-return]
+    found: Tracing | None = _for_provider("trace", provider, _make_tracing)
     return found
 
 

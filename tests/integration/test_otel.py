@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from apps.taskq_otel_app import registry
-from opentelemetry import metrics, trace
+from opentelemetry import context, metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -68,6 +68,56 @@ async def test_the_enqueue_and_process_spans_share_one_trace_continued_inside_th
     assert attributes["taskq.actor"] == actor and attributes["taskq.outcome"] == "succeeded"
     assert row.trace_context is not None and "traceparent" in row.trace_context
     assert row.result == format(trace_id, "032x"), "the actor did not run inside the process span"
+
+
+UNSAMPLED_TRACE = 0x4BF92F3577B34DA6A3CE929D0E0E4736
+
+
+def _unsampled_request() -> Any:
+    """The context of a request whose caller did not sample its trace (flags 00): what a producer sampling
+    at the root sees for nine requests in ten."""
+    remote = trace.SpanContext(UNSAMPLED_TRACE, 0x00F067AA0BA902B7, is_remote=True, trace_flags=trace.TraceFlags(0))
+    return trace.set_span_in_context(trace.NonRecordingSpan(remote))
+
+
+@pytest.mark.parametrize("actor", ["otel.async", "otel.thread", "otel.process"])
+async def test_an_unsampled_trace_runs_in_the_actor_and_records_no_span(
+        dsn: str, spans: InMemorySpanExporter, actor: str) -> None:
+    """The process span of a job whose enqueue was not sampled is the SDK's unrecorded span (the worker makes
+    it itself: tests/unit/test_otel_unsampled_parent.py): the actor runs in the request's trace, a job it
+    enqueues carries that trace unsampled, and nothing is exported."""
+    import psycopg
+
+    async def child() -> Any:
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            cur = await conn.execute("SELECT trace_context->>'traceparent' FROM taskq.jobs"
+                                     " WHERE queue = 'children' AND status = 'succeeded'")
+            return await cur.fetchall()
+
+    async with await JobsClient.connect(dsn, registry=registry) as client:
+        token = context.attach(_unsampled_request())
+        try:
+            handle = await client.enqueue(actor, 1)
+            parent = await client.enqueue("otel.parent_async", 1)
+        finally:
+            context.detach(token)
+        sampled = await client.enqueue("otel.async", 2)  # no parent: sampled (ParentBased(ALWAYS_ON))
+        async with running_worker(dsn, registry, queues=["default", "children"]):
+            row = await handle.wait(timeout=60)
+            await parent.wait(timeout=60)
+            [(child_traceparent,)] = await wait_for(child, timeout=30)
+            await sampled.wait(timeout=60)
+            # the sampled job's span is exported when it ends: by then the others' would have been
+            await wait_for(lambda: _finished(spans, "process default", 1), timeout=20)
+    assert row.result == format(UNSAMPLED_TRACE, "032x"), "the actor did not run in the request's trace"
+    assert row.trace_context is not None
+    for traceparent in (row.trace_context["traceparent"], child_traceparent):
+        assert isinstance(traceparent, str), traceparent
+        assert traceparent.startswith(f"00-{UNSAMPLED_TRACE:032x}-") and traceparent.endswith("-00"), traceparent
+    processed = [s for s in spans.get_finished_spans() if s.kind is SpanKind.CONSUMER]
+    assert len(processed) == 1 and processed[0].context is not None
+    assert processed[0].context.trace_id != UNSAMPLED_TRACE
+    assert not [s for s in spans.get_finished_spans() if s.context and s.context.trace_id == UNSAMPLED_TRACE]
 
 
 async def test_each_retry_runs_in_a_trace_of_its_own_linked_to_the_first_attempt_and_the_enqueue(
