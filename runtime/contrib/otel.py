@@ -90,36 +90,21 @@ class Outcome:
 
     def traceparent(self) -> str | None:
         """This attempt's span as a W3C traceparent, for the later attempts to link to."""
-        return _traceparent(self.span)
+        sc = self.span.get_span_context()
+        return f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{int(sc.trace_flags):02x}" if sc.is_valid else None
 
 
-def _traceparent(span: trace.Span) -> str | None:
-    sc = span.get_span_context()
-    return f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{int(sc.trace_flags):02x}" if sc.is_valid else None
-
-
-class Unrecorded:
+class Unrecorded(Outcome):
     """The consumer span of an attempt whose trace is not sampled (a NonRecordingSpan), current while the
-    actor runs: what Outcome is, without the calls a span that records nothing ignores."""
+    actor runs: an Outcome without the calls a span that records nothing ignores."""
 
-    __slots__ = ("span", "token")
-
-    def __init__(self, span: trace.Span) -> None:
-        self.span = span
-        self.token: object = None
-
-    def __enter__(self) -> Unrecorded:
-        self.token = context.attach(trace.set_span_in_context(self.span))
-        return self
+    __slots__ = ()
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         context.detach(self.token)  # type: ignore[arg-type]
 
     def outcome(self, name: str, error_type: str | None = None) -> None:
         pass
-
-    def traceparent(self) -> str | None:
-        return _traceparent(self.span)
 
 
 _STORED_W3C = re.compile(r'\{"traceparent": "00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})"\}')
@@ -209,7 +194,7 @@ class Tracing:
 
     @contextlib.contextmanager
     def producer(self, queue: str, actor: str, job_id: UUID | None, count: int,
-                 parent: Outcome | Unrecorded | None = None) -> Iterator[str | None]:
+                 parent: Outcome | None = None) -> Iterator[str | None]:
         attributes: dict[str, Any] = {
             "messaging.system": SYSTEM, "messaging.operation.type": "send", "messaging.operation.name": "enqueue",
             "messaging.destination.name": queue, "taskq.actor": actor,
@@ -227,7 +212,7 @@ class Tracing:
             propagate.inject(headers)
             yield json.dumps(headers, separators=(",", ":")) if headers else None
 
-    def consumer(self, job: Any, isolation: str) -> Outcome | Unrecorded:
+    def consumer(self, job: Any, isolation: str) -> Outcome:
         parent = _ROOT  # never the worker's own ambient context
         links: list[Link] | None = None
         stored = job.trace_context
@@ -297,11 +282,7 @@ def _make_tracing(provider: Any) -> Tracing:
 def tracing() -> Tracing | None:
     """The Tracing for the current global tracer provider; None while none is set (called per traced place:
     a cache hit is one dictionary lookup and an identity test)."""
-    provider = trace.get_tracer_provider()
-    cached = _made.get("trace")
-    if cached is not None and cached[0] is provider:  # the call per traced place: no other call
-        return cached[1]  # type: ignore[no-any-return]
-    found: Tracing | None = _for_provider("trace", provider, _make_tracing)
+    found: Tracing | None = _for_provider("trace", trace.get_tracer_provider(), _make_tracing)
     return found
 
 
