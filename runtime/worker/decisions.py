@@ -197,6 +197,16 @@ def step_budget(watchdog_left: float) -> float:
     return max(MIN_STEP_BUDGET, min(LOST_LEASES_FINAL_STEP_BUDGET, watchdog_left - EXIT_MARGIN))
 
 
+def settle_budget(*, in_doubt: bool, watchdog_left: float) -> float:
+    """Seconds the stop waits for releases already being written: as long as a release write may wait
+    (release_budget: the pool's reconnection series while the database answers, one step once it is in
+    doubt), ending EXIT_MARGIN before the watchdog fires. A slow but healthy database (a loaded machine
+    releasing thousands of rows) is waited for: the rows it gives back are not reported as still held."""
+    if in_doubt:
+        return step_budget(watchdog_left)
+    return max(MIN_STEP_BUDGET, min(POOL_RECONNECT_TIMEOUT, watchdog_left - EXIT_MARGIN))
+
+
 def db_in_doubt(*, leases_lost: bool, unreleased: int, heartbeat_failures: int) -> bool:
     """The database did not answer lately (the leases were lost, a release failed, heartbeats fail): the
     exit path gives each last step a short budget."""

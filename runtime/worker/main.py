@@ -38,6 +38,7 @@ from taskq.worker.decisions import (
     db_in_doubt,
     phase_at_shutdown_force,
     release_budget,
+    settle_budget,
     step_budget,
 )
 from taskq.worker.dispatcher import ClaimWake, Dispatcher
@@ -280,6 +281,9 @@ class Worker:
     def _release_budget(self) -> float:
         return release_budget(in_doubt=self.db_in_doubt(), step=self.step_budget())
 
+    def _settle_budget(self) -> float:
+        return settle_budget(in_doubt=self.db_in_doubt(), watchdog_left=self.watchdog.remaining())
+
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def run(self) -> int:
@@ -380,7 +384,7 @@ class Worker:
         if state.releasing:  # a consumer's release still waiting on the database: its last seconds
             state.releases_settled.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(state.releases_settled.wait(), self.step_budget())
+                await asyncio.wait_for(state.releases_settled.wait(), self._settle_budget())
         # EXITING
         summary = state.summary
         summary["held"] = [str(e.id) for e in self.registry if not e.finishing or self._still_executing(e)]
@@ -450,7 +454,7 @@ class Worker:
             await asyncio.wait(consumers.tasks, timeout=1.0)
         await self._final_step(p.completer.drain(), "final writes")
         # releases asked for by consumers the teardown cancelled are still written (Releaser)
-        if not await p.releaser.settled(self.step_budget()):
+        if not await p.releaser.settled(self._settle_budget()):
             log.warning("releases not written in time: left to the sweeper once their lease runs out")
             await p.releaser.abandon()
         await self._final_step(p.store.deregister(), "deregistering the worker")

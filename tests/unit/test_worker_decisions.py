@@ -28,6 +28,7 @@ from taskq.worker.decisions import (
     phase_at_shutdown_force,
     phase_due,
     release_budget,
+    settle_budget,
     step_budget,
     tick_window,
     watchdog_remaining,
@@ -212,6 +213,16 @@ def test_the_database_is_in_doubt_after_lost_leases_a_failed_release_or_failing_
 def test_a_release_waits_a_reconnection_series_unless_the_database_is_in_doubt() -> None:
     assert release_budget(in_doubt=False, step=0.7) == POOL_RECONNECT_TIMEOUT
     assert release_budget(in_doubt=True, step=0.7) == 0.7
+
+
+def test_the_stop_waits_for_releases_being_written_as_long_as_a_release_may_wait() -> None:
+    # healthy database: a release write's own budget, not the in-doubt step's, ending before the watchdog
+    assert settle_budget(in_doubt=False, watchdog_left=60.0) == POOL_RECONNECT_TIMEOUT
+    assert settle_budget(in_doubt=False, watchdog_left=5.0) == pytest.approx(5.0 - EXIT_MARGIN)
+    assert settle_budget(in_doubt=False, watchdog_left=0.5) == MIN_STEP_BUDGET
+    # in doubt: one last step
+    assert settle_budget(in_doubt=True, watchdog_left=60.0) == LOST_LEASES_FINAL_STEP_BUDGET
+    assert settle_budget(in_doubt=True, watchdog_left=2.5) == pytest.approx(2.5 - EXIT_MARGIN)
 
 
 def test_the_watchdog_counts_its_budget_from_its_arming_on_the_injected_clock() -> None:
